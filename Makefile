@@ -1,0 +1,41 @@
+# django-celery-pools — developer entry points. `make demo` and `make test` do all the set-up.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
+
+.PHONY: install demo test test-sqlite test-postgres lint docs services clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test,lint,docs,demo]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/python example_project/run_demo.py
+
+services:
+	@bash scripts/services.sh
+
+lint: install
+	$(BIN)/ruff check pools pools_admin tests example_project
+	$(BIN)/ruff format --check pools pools_admin
+	$(BIN)/mypy pools
+	PYTHONPATH=. DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/django-admin makemigrations --check --dry-run pools
+
+docs: install
+	$(BIN)/mkdocs build --strict --quiet --site-dir .site
+
+test-sqlite: install
+	POOLS_TEST_DB=sqlite $(BIN)/pytest -q -m "not postgres" tests/unit tests/integration
+
+test-postgres: install services
+	POOLS_TEST_DB=postgres $(BIN)/pytest -q tests/integration tests/acceptance
+
+test: lint docs test-sqlite test-postgres
+
+clean:
+	rm -rf $(VENV) .site .pytest_cache

@@ -1,0 +1,77 @@
+"""django-celery-pools: named resource pools with a global concurrency limit for Celery tasks.
+
+Import-safe: nothing here touches models or the database at import time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pools.exceptions import (
+    DemandExceedsCapacity,
+    EntryNotFound,
+    LeaseLost,
+    NotCancellable,
+    PoolConfigurationError,
+    PoolDraining,
+    PoolError,
+    PoolFull,
+    PoolRefused,
+    PoolUnavailable,
+    QueueTimeout,
+    UnknownPool,
+)
+
+if TYPE_CHECKING:
+    from pools.leases import Claim
+    from pools.models import QueueEntry
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DemandExceedsCapacity",
+    "EntryNotFound",
+    "LeaseLost",
+    "NotCancellable",
+    "PoolConfigurationError",
+    "PoolDraining",
+    "PoolError",
+    "PoolFull",
+    "PoolRefused",
+    "PoolUnavailable",
+    "QueueTimeout",
+    "UnknownPool",
+    "__version__",
+    "cancel",
+    "current_claim",
+    "pooled",
+    "snapshot",
+]
+
+
+def pooled(*args: Any, **kwargs: Any) -> Any:
+    """Limit a Celery task by named resource pools; see :func:`pools.decorators.pooled`."""
+    from pools.decorators import pooled as _pooled
+
+    return _pooled(*args, **kwargs)
+
+
+def cancel(key: str) -> QueueEntry:
+    """Cancel the waiting entry with ``key`` (a Celery task id); see :func:`pools.admission.cancel`."""
+    from pools import admission
+
+    return admission.cancel(key)
+
+
+def current_claim() -> Claim | None:
+    """The claim (entry id, fencing token, lease) of the pooled task running in this thread."""
+    from pools import worker
+
+    return worker.current_claim()
+
+
+def snapshot(name: str) -> Any:
+    """A point-in-time view of pool ``name``; see :func:`pools.snapshots.snapshot`."""
+    from pools import snapshots
+
+    return snapshots.snapshot(name)

@@ -1,0 +1,476 @@
+"""Admission: the only module that takes row locks.
+
+Lock order (every transaction here follows it, so none can deadlock another):
+
+1. pool rows, ``SELECT ... FOR UPDATE`` ordered by pool name;
+2. then entry and demand rows of those pools (plain ``UPDATE``s).
+
+Invariant protected: for every pool, the slots held by its admitted and running
+entries never exceed its capacity. Every change to a *waiting* or *held* entry
+(enqueue, admit, settle, cancel, requeue, expire) runs with the locks of all the
+pools the entry names, so the sum computed under the lock is exact. On SQLite
+``select_for_update`` is a no-op and the database must run ``IMMEDIATE``
+transactions (``OPTIONS={"transaction_mode": "IMMEDIATE"}``), which serialize writers.
+
+Order of admission: priority descending, then ``enqueued_at``, then ``queue_id``.
+A pool's head waits until all of its slots are free and blocks everything behind it
+(no backfill). A multi-pool entry is admitted only where it is the head of every
+pool it names, and then acquires all of them at once.
+
+Transactions are short: task bodies and broker publishes run after commit
+(:mod:`pools.dispatch`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, connection, transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from pools import conf, dispatch, events
+from pools.exceptions import (
+    DemandExceedsCapacity,
+    EntryNotFound,
+    NotCancellable,
+    PoolFull,
+    PoolUnavailable,
+    UnknownPool,
+)
+from pools.models import HELD_STATES, Demand, EntryState, EventKind, Origin, Pool, QueueEntry
+from pools.specs import PoolSpec
+
+#: At most this many line rows are read per pool per round of an admission pass.
+LINE_BATCH = 200
+#: Bound on follow-up passes when a multi-pool head needs pools that were not locked.
+MAX_PASSES = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submission:
+    """Everything needed to put one call of a pooled task in line."""
+
+    #: Public key: the Celery task id.
+    key: str
+    #: Registered Celery task name.
+    task_name: str
+    #: What the call asks of its pools (after per-call overrides).
+    spec: PoolSpec
+    #: Positional arguments, JSON-serializable.
+    args: Sequence[Any] = ()
+    #: Keyword arguments, JSON-serializable.
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Celery publish options held until admission.
+    options: dict[str, Any] = field(default_factory=dict)
+    #: Earliest admission time (ETA / countdown).
+    not_before: datetime | None = None
+    #: Where the call came from.
+    origin: str = Origin.CODE
+    #: Workflow ids.
+    root_id: str = ""
+    parent_id: str = ""
+    #: Celery attempt number (``retries``).
+    attempt: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """An entry that was just admitted: publish its message with this token."""
+
+    entry_id: int
+    key: str
+    token: int
+    task_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    """A waiting entry that ended without running (expired, cancelled, rejected)."""
+
+    entry_id: int
+    key: str
+    task_name: str
+    state: str
+    pool: str
+    deadline: datetime | None
+    options: dict[str, Any]
+    reason: str
+
+
+@dataclass(kw_only=True)
+class _Pass:
+    admissions: list[Admission] = field(default_factory=list)
+    finished: list[Finished] = field(default_factory=list)
+    #: Pools named by a blocked multi-pool head that this pass had not locked.
+    needs: set[str] = field(default_factory=set)
+
+
+# --------------------------------------------------------------------------- locking
+
+
+@contextmanager
+def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
+    """Open a transaction holding the row locks of ``names`` (in name order).
+
+    Database errors and lock timeouts surface as :class:`PoolUnavailable`.
+    """
+    wanted = sorted(set(names))
+    try:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                bound_ms = int(conf.get().LOCK_TIMEOUT_SECONDS * 1000)
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SET LOCAL lock_timeout = %s; SET LOCAL statement_timeout = %s",
+                        [f"{bound_ms}ms", f"{bound_ms}ms"],
+                    )
+            pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
+            yield {p.name: p for p in pools}
+    except DatabaseError as exc:
+        raise PoolUnavailable(f"pool state is unavailable: {exc}".strip()) from exc
+
+
+def _held_by_pool(pool_ids: Iterable[int]) -> dict[int, int]:
+    rows = (
+        Demand.objects.held()
+        .filter(pool_id__in=list(pool_ids))
+        .values("pool_id")
+        .annotate(n=Sum("slots"))
+        .order_by()
+    )
+    return {r["pool_id"]: int(r["n"]) for r in rows}
+
+
+# --------------------------------------------------------------------------- admission pass
+
+
+def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
+    """Admit every entry that fits, in line order, in the pools locked by the caller."""
+    result = _Pass()
+    by_id = {p.pk: p for p in pools.values()}
+    held = _held_by_pool(by_id)
+    free = {pid: p.slots - held.get(pid, 0) for pid, p in by_id.items()}
+    lease = timedelta(seconds=conf.get().LEASE_SECONDS)
+    admitted: list[QueueEntry] = []
+    expired: list[QueueEntry] = []
+    done: set[int] = set()
+
+    while True:
+        lines: dict[int, deque[Demand]] = {}
+        full_batch: set[int] = set()
+        for pid, pool in by_id.items():
+            if pool.paused or free[pid] <= 0:
+                continue
+            limit = min(free[pid], LINE_BATCH)
+            query = Demand.objects.line(pid).select_related("entry")
+            if done:  # rows handled earlier in this pass are not written back yet
+                query = query.exclude(entry_id__in=done)
+            rows = list(query[:limit])
+            lines[pid] = deque(rows)
+            if len(rows) == limit:
+                full_batch.add(pid)
+        progress = False
+        for pool in sorted(pools.values(), key=lambda p: p.name):
+            line = lines.get(pool.pk)
+            while line:
+                entry = line[0].entry
+                if entry.queue_id in done:
+                    line.popleft()
+                    continue
+                if entry.deadline is not None and entry.deadline <= now:
+                    # Dead heads leave the line instead of blocking it.
+                    expired.append(entry)
+                    done.add(entry.queue_id)
+                    _drop_from_lines(entry, pools, lines)
+                    progress = True
+                    continue
+                if entry.not_before is not None and entry.not_before > now:
+                    break  # an ineligible head still blocks its pool
+                if not _fits_everywhere(entry, pools, lines, free, result.needs):
+                    break
+                for name, slots in entry.demand.items():
+                    free[pools[name].pk] -= slots
+                _drop_from_lines(entry, pools, lines)
+                done.add(entry.queue_id)
+                admitted.append(entry)
+                progress = True
+        if not progress or not any(pid in full_batch and free[pid] > 0 for pid in lines):
+            break
+
+    if admitted:
+        _mark_admitted(admitted, now, now + lease)
+        result.admissions.extend(
+            Admission(
+                entry_id=e.queue_id,
+                key=e.key,
+                token=e.token,
+                task_name=e.task_name,
+                args=e.args,
+                kwargs=e.kwargs,
+                options=e.options,
+            )
+            for e in admitted
+        )
+    if expired:
+        result.finished.extend(
+            _finish_waiting(expired, EntryState.EXPIRED, now, reason="queue_timeout")
+        )
+    return result
+
+
+def _fits_everywhere(
+    entry: QueueEntry,
+    pools: dict[str, Pool],
+    lines: dict[int, deque[Demand]],
+    free: dict[int, int],
+    needs: set[str],
+) -> bool:
+    for name, slots in entry.demand.items():
+        pool = pools.get(name)
+        if pool is None:
+            needs.add(name)
+            return False
+        line = lines.get(pool.pk)
+        if not line or line[0].entry_id != entry.queue_id or free[pool.pk] < slots:
+            return False
+    return True
+
+
+def _drop_from_lines(entry: QueueEntry, pools: dict[str, Pool], lines: dict[int, deque[Demand]]) -> None:
+    for name in entry.demand:
+        pool = pools.get(name)
+        line = lines.get(pool.pk) if pool else None
+        if line and line[0].entry_id == entry.queue_id:
+            line.popleft()
+
+
+def _mark_admitted(entries: list[QueueEntry], now: datetime, lease_until: datetime) -> None:
+    ids = [e.queue_id for e in entries]
+    changed = QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING).update(
+        state=EntryState.ADMITTED,
+        token=F("token") + 1,
+        admitted_at=now,
+        lease_expires_at=lease_until,
+        worker="",
+    )
+    if changed != len(ids):  # pragma: no cover - would mean the lock order was broken
+        raise RuntimeError(f"admission raced: {changed} of {len(ids)} entries changed under lock")
+    Demand.objects.filter(entry_id__in=ids).update(state=EntryState.ADMITTED)
+    for e in entries:
+        e.token += 1
+        e.state = EntryState.ADMITTED
+    events.record(EventKind.ADMITTED, entries, at=now)
+
+
+def _finish_waiting(
+    entries: list[QueueEntry], state: str, now: datetime, *, reason: str
+) -> list[Finished]:
+    ids = [e.queue_id for e in entries]
+    QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING).update(
+        state=state, finished_at=now, reason=reason
+    )
+    Demand.objects.filter(entry_id__in=ids).update(state=state)
+    kind = {EntryState.EXPIRED: EventKind.EXPIRED, EntryState.CANCELLED: EventKind.CANCELLED}.get(
+        state, EventKind.REJECTED
+    )
+    events.record(kind, entries, at=now, detail={"reason": reason})
+    return [
+        Finished(
+            entry_id=e.queue_id,
+            key=e.key,
+            task_name=e.task_name,
+            state=state,
+            pool=next(iter(e.demand)),
+            deadline=e.deadline,
+            options=e.options,
+            reason=reason,
+        )
+        for e in entries
+    ]
+
+
+def _run_pass(names: Iterable[str], first: _Pass | None = None) -> _Pass:
+    """Run admission over ``names`` (follow-up passes for multi-pool heads included)."""
+    total = first or _Pass()
+    todo = set(names)
+    for _ in range(MAX_PASSES):
+        if not todo:
+            break
+        with locked_pools(todo) as pools:
+            step = _admit_locked(pools, timezone.now())
+            dispatch.after_commit(step.admissions, step.finished)
+        total.admissions.extend(step.admissions)
+        total.finished.extend(step.finished)
+        todo = step.needs | todo if step.needs - todo else set()
+    return total
+
+
+def admit(names: Iterable[str]) -> list[Admission]:
+    """Run an admission pass over the named pools; returns what was admitted."""
+    return _run_pass(names).admissions
+
+
+def admit_all() -> list[Admission]:
+    """Run an admission pass over every pool (sweeps, capacity changes)."""
+    names = list(Pool.objects.filter(paused=False).values_list("name", flat=True))
+    return _run_pass(names).admissions
+
+
+# --------------------------------------------------------------------------- services
+
+
+@dataclass(frozen=True, kw_only=True)
+class Enqueued:
+    """Outcome of :func:`enqueue`."""
+
+    entry_id: int
+    key: str
+    #: True when the fast path admitted the entry in the submitter's transaction.
+    admitted: bool
+
+
+def enqueue(sub: Submission) -> Enqueued:
+    """Put a call in line and admit whatever fits (the fast path), in one transaction.
+
+    Raises :class:`UnknownPool`, :class:`PoolFull`, :class:`DemandExceedsCapacity`
+    or :class:`PoolUnavailable`; nothing is written when it raises.
+    """
+    now = timezone.now()
+    spec = sub.spec
+    with locked_pools(spec.demand) as pools:
+        for name, slots in spec.demand.items():
+            pool = pools.get(name)
+            if pool is None:
+                raise UnknownPool(name)
+            if slots > pool.slots:
+                raise DemandExceedsCapacity(name, slots, pool.slots)
+            if pool.max_queued is not None and _line_reaches(pool, pool.max_queued):
+                raise PoolFull(name, pool.max_queued)
+        deadline = None
+        if spec.queue_timeout is not None:
+            deadline = max(now, sub.not_before or now) + timedelta(seconds=spec.queue_timeout)
+        entry = QueueEntry.objects.create(
+            key=sub.key,
+            task_name=sub.task_name,
+            args=list(sub.args),
+            kwargs=dict(sub.kwargs),
+            options=sub.options,
+            demand=dict(spec.demand),
+            priority=spec.priority,
+            enqueued_at=now,
+            not_before=sub.not_before,
+            deadline=deadline,
+            origin=sub.origin,
+            root_id=sub.root_id or "",
+            parent_id=sub.parent_id or "",
+            attempt=sub.attempt,
+        )
+        Demand.objects.bulk_create(
+            Demand(
+                entry=entry,
+                pool=pools[name],
+                slots=slots,
+                priority=spec.priority,
+                enqueued_at=now,
+            )
+            for name, slots in spec.demand.items()
+        )
+        events.record(EventKind.ENQUEUED, [entry], at=now)
+        step = _admit_locked(pools, now)
+        dispatch.after_commit(step.admissions, step.finished)
+    if step.needs:
+        _run_pass(set(spec.demand) | step.needs)
+    return Enqueued(
+        entry_id=entry.queue_id,
+        key=entry.key,
+        admitted=any(a.entry_id == entry.queue_id for a in step.admissions),
+    )
+
+
+def _line_reaches(pool: Pool, count: int) -> bool:
+    """True if the pool has at least ``count`` waiting entries (reads at most ``count`` rows)."""
+    if count <= 0:
+        return True
+    return Demand.objects.waiting().filter(pool_id=pool.pk).order_by()[count - 1 : count].exists()
+
+
+def settle(entry_id: int, token: int, outcome: str, *, reason: str = "") -> bool:
+    """Finish a held attempt (exactly once per token), then admit the next entries.
+
+    Returns False, changing nothing, when the token is stale or the entry already settled.
+    """
+    entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
+    if entry is None:
+        return False
+    now = timezone.now()
+    with locked_pools(entry.demand) as pools:
+        changed = QueueEntry.objects.filter(
+            pk=entry_id, token=token, state__in=HELD_STATES
+        ).update(state=outcome, finished_at=now, lease_expires_at=None, reason=reason)
+        if changed:
+            Demand.objects.filter(entry_id=entry_id).update(state=outcome)
+            entry.refresh_from_db(fields=["key", "token", "demand"])
+            events.record(EventKind.SETTLED, [entry], at=now, detail={"outcome": outcome})
+            step = _admit_locked(pools, now)
+            dispatch.after_commit(step.admissions, step.finished)
+    if changed and step.needs:
+        _run_pass(set(entry.demand) | step.needs)
+    return bool(changed)
+
+
+def requeue(entry_id: int, token: int, *, reason: str) -> bool:
+    """Put a held entry back in line (same place), or expire it if its deadline passed.
+
+    Used when a publish fails or a lease lapses. Returns False for a stale token.
+    """
+    entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
+    if entry is None:
+        return False
+    now = timezone.now()
+    with locked_pools(entry.demand) as pools:
+        entry = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES).first()
+        if entry is None:
+            return False
+        QueueEntry.objects.filter(pk=entry_id).update(
+            state=EntryState.WAITING, lease_expires_at=None, worker="", reason=reason
+        )
+        Demand.objects.filter(entry_id=entry_id).update(state=EntryState.WAITING)
+        events.record(EventKind.REQUEUED, [entry], at=now, detail={"reason": reason})
+        # The pass expires it if its deadline is gone, or admits it again.
+        step = _admit_locked(pools, now)
+        dispatch.after_commit(step.admissions, step.finished)
+    return True
+
+
+def cancel(key: str, *, reason: str = "cancelled") -> QueueEntry:
+    """Cancel the waiting entry with ``key``; its result becomes a revocation.
+
+    Raises :class:`EntryNotFound` for an unknown key and :class:`NotCancellable`
+    when the entry is already running or finished.
+    """
+    entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").first()
+    if entry is None:
+        raise EntryNotFound(key)
+    now = timezone.now()
+    with locked_pools(entry.demand) as pools:
+        entry.refresh_from_db()
+        if entry.state != EntryState.WAITING:
+            verb = "is already running" if entry.state in HELD_STATES else f"is already {entry.state}"
+            raise NotCancellable(
+                f"Entry {key!r} in pool {next(iter(entry.demand))!r} {verb}; only waiting "
+                f"entries can be cancelled."
+            )
+        finished = _finish_waiting([entry], EntryState.CANCELLED, now, reason=reason)
+        step = _admit_locked(pools, now)
+        dispatch.after_commit(step.admissions, [*finished, *step.finished])
+    entry.refresh_from_db()
+    return entry

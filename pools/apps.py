@@ -1,0 +1,29 @@
+"""App configuration: installs the Celery gate and syncs settings-defined pools on migrate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+from django.utils.translation import gettext_lazy as _
+
+
+class PoolsConfig(AppConfig):
+    """``pools``: named resource pools for Celery tasks."""
+
+    name = "pools"
+    verbose_name = _("Resource pools")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from pools import checks, gate, worker  # noqa: F401  (registers checks and signals)
+
+        gate.install()
+        post_migrate.connect(_sync_after_migrate, sender=self, dispatch_uid="pools.sync")
+
+
+def _sync_after_migrate(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
+    from pools import definitions
+
+    definitions.sync()

@@ -1,0 +1,79 @@
+"""The one settings object: every key of the ``POOLS`` dict, its type and default.
+
+Read lazily and reloaded on ``setting_changed`` so ``override_settings(POOLS=...)``
+works in tests. Nothing else in the package reads ``django.conf.settings`` for
+pool options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolsSettings:
+    """Typed view of ``settings.POOLS``; every key is optional."""
+
+    #: Pool definitions synced to the database on ``migrate`` and ``manage.py pools sync``:
+    #: ``{"warehouse": {"slots": 4, "max_queued": 100, "paused": False}}``.
+    DEFINITIONS: dict[str, dict[str, Any]]
+    #: Lease length in seconds given to every admission.
+    LEASE_SECONDS: float = 30.0
+    #: How often a running task renews its lease; ``None`` means a third of the lease.
+    HEARTBEAT_SECONDS: float | None = None
+    #: Pool priority of a pooled task that names none.
+    DEFAULT_PRIORITY: int = 0
+    #: Bound, in seconds, on any pool operation's lock wait (PostgreSQL ``lock_timeout``).
+    LOCK_TIMEOUT_SECONDS: float = 5.0
+    #: Dotted path of the callable that publishes admitted entries (Celery glue by default).
+    PUBLISHER: str = "pools.gate.bridge"
+    #: Task names that are pooled even where the decorator is not imported
+    #: (``send_task`` callers): ``{"app.tasks.export": {"pools": {"warehouse": 2}}}``.
+    TASKS: dict[str, dict[str, Any]]
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """Renewal interval in effect."""
+        return self.HEARTBEAT_SECONDS or self.LEASE_SECONDS / 3
+
+
+_DICT_KEYS = {"DEFINITIONS", "TASKS"}
+_KNOWN = {f.name for f in fields(PoolsSettings)}
+_cached: PoolsSettings | None = None
+
+
+def _load() -> PoolsSettings:
+    from pools.exceptions import PoolConfigurationError
+
+    raw = getattr(django_settings, "POOLS", None) or {}
+    if not isinstance(raw, dict):
+        raise PoolConfigurationError("settings.POOLS must be a dict, e.g. POOLS = {'DEFINITIONS': {...}}.")
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        raise PoolConfigurationError(
+            f"Unknown key(s) in settings.POOLS: {', '.join(unknown)}. "
+            f"Known keys: {', '.join(sorted(_KNOWN))}."
+        )
+    values = {k: dict(raw.get(k) or {}) for k in _DICT_KEYS}
+    values.update({k: v for k, v in raw.items() if k not in _DICT_KEYS})
+    return PoolsSettings(**values)
+
+
+def get() -> PoolsSettings:
+    """Return the current settings, loading them on first use."""
+    global _cached
+    if _cached is None:
+        _cached = _load()
+    return _cached
+
+
+@receiver(setting_changed)
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    global _cached
+    if setting == "POOLS":
+        _cached = None

@@ -1,0 +1,110 @@
+"""The ``@pooled`` decorator: attaches a :class:`~pools.specs.PoolSpec` to a Celery task.
+
+Supported placements (a pooled task is never silently ungated):
+
+* below ``@app.task`` / ``@shared_task`` (the documented order): the function is wrapped;
+* above ``@app.task`` (a ``Task`` or a lazy ``PromiseProxy``): the task's ``run`` is wrapped;
+* on a class-based task (a ``Task`` subclass): its ``run`` is wrapped.
+
+Above ``@shared_task`` the task does not exist yet (a plain ``Proxy``) and touching
+it would finalize the wrong app, so that order raises at import with the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from celery import Task
+from celery.local import PromiseProxy, Proxy
+
+from pools.exceptions import PoolConfigurationError
+from pools.specs import PoolSpec
+
+T = TypeVar("T")
+
+#: Attribute carrying the spec on the wrapped ``run`` function.
+SPEC_ATTR = "__pooled__"
+
+
+def pooled(
+    pools: str | Mapping[str, int],
+    slots: int = 1,
+    *,
+    priority: int = 0,
+    queue_timeout: float | None = None,
+) -> Callable[[T], T]:
+    """Limit a Celery task by one or more named resource pools.
+
+    ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
+    ``@pooled({"warehouse": 1, "partner-api": 1})``. Arguments are checked now;
+    a bad one raises :class:`~pools.exceptions.PoolConfigurationError` at import.
+    """
+    spec = PoolSpec.build(pools, slots, priority=priority, queue_timeout=queue_timeout)
+
+    def decorate(obj: T) -> T:
+        kind = type(obj)  # type(), not isinstance(): a Proxy would evaluate itself
+        if kind is PromiseProxy:
+            obj.__then__(_wrap_task, obj, spec)  # type: ignore[attr-defined]
+            return obj
+        if kind is Proxy:
+            raise PoolConfigurationError(
+                "@pooled must be placed below @shared_task, not above it:\n"
+                "    @shared_task\n"
+                f"    @pooled({_spec_repr(spec)})\n"
+                "    def my_task(...): ..."
+            )
+        if isinstance(obj, type) and issubclass(obj, Task):
+            _wrap_class(obj, spec)
+            return obj
+        if isinstance(obj, Task):
+            _wrap_task(obj, spec)
+            return obj
+        if callable(obj):
+            return _wrap_function(obj, spec)  # type: ignore[return-value]
+        raise PoolConfigurationError(f"@pooled can decorate a task or a function, not {obj!r}.")
+
+    return decorate
+
+
+def spec_of(task: Any) -> PoolSpec | None:
+    """The spec of a task instance, class or function, or None if it is not pooled."""
+    run = getattr(task, "run", task)
+    spec = getattr(run, SPEC_ATTR, None)
+    return spec if isinstance(spec, PoolSpec) else None
+
+
+def _spec_repr(spec: PoolSpec) -> str:
+    if len(spec.demand) == 1:
+        ((name, slots),) = spec.demand.items()
+        return f"{name!r}, slots={slots}"
+    return repr(spec.demand)
+
+
+def _wrap_function(fn: Callable[..., Any], spec: PoolSpec) -> Callable[..., Any]:
+    if getattr(fn, SPEC_ATTR, None) is not None:
+        raise PoolConfigurationError(f"{fn.__qualname__} is decorated with @pooled twice.")
+
+    @functools.wraps(fn)
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        from pools import worker
+
+        return worker.run_gated(fn, args, kwargs)
+
+    setattr(gated, SPEC_ATTR, spec)
+    return gated
+
+
+def _wrap_task(task: Task, spec: PoolSpec) -> None:
+    _wrap_class(type(task), spec)
+
+
+def _wrap_class(cls: type[Task], spec: PoolSpec) -> None:
+    run = cls.__dict__.get("run")
+    if run is None:
+        raise PoolConfigurationError(f"@pooled needs {cls.__name__} to define run().")
+    if isinstance(run, staticmethod):
+        cls.run = staticmethod(_wrap_function(run.__func__, spec))  # type: ignore[method-assign]
+    else:
+        cls.run = _wrap_function(run, spec)  # type: ignore[method-assign]

@@ -1,0 +1,127 @@
+"""One exception tree. Every message names the pool (or entry) and says what to do."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class PoolError(Exception):
+    """Root of every error raised by django-celery-pools."""
+
+    #: Stable machine-readable code (also used by the REST layer).
+    code = "pool_error"
+
+
+class PoolConfigurationError(PoolError, ImproperlyConfigured):
+    """A pool definition, a decorator argument or ``settings.POOLS`` is invalid."""
+
+    code = "pool_configuration"
+
+
+class UnknownPool(PoolError, LookupError):
+    """A task or a call names a pool that does not exist."""
+
+    code = "unknown_pool"
+
+    def __init__(self, name: str) -> None:
+        self.pool = name
+        super().__init__(
+            f"Pool {name!r} does not exist. Define it in settings.POOLS['DEFINITIONS'] and run "
+            f"'manage.py pools sync' (or migrate), or create it in the admin."
+        )
+
+
+class EntryNotFound(PoolError, LookupError):
+    """No queue entry has the given key."""
+
+    code = "entry_not_found"
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"No queue entry with key {key!r}.")
+
+
+class PoolRefused(PoolError):
+    """The pool refused an operation; the message says why."""
+
+    code = "pool_refused"
+
+
+class PoolFull(PoolRefused):
+    """The pool's backlog (``max_queued``) is full."""
+
+    code = "pool_full"
+
+    def __init__(self, pool: str, max_queued: int) -> None:
+        self.pool = pool
+        self.max_queued = max_queued
+        super().__init__(
+            f"Pool {pool!r} is full: it already has {max_queued} waiting entries (max_queued="
+            f"{max_queued}). Retry later, or raise max_queued for this pool."
+        )
+
+
+class DemandExceedsCapacity(PoolRefused, PoolConfigurationError):
+    """A task asks for more slots than the pool will ever have."""
+
+    code = "demand_exceeds_capacity"
+
+    def __init__(self, pool: str, demand: int, slots: int) -> None:
+        self.pool = pool
+        super().__init__(
+            f"A task asks for {demand} slot(s) of pool {pool!r}, which has only {slots}: it could "
+            f"never be admitted. Lower the task's slots or raise the pool's capacity."
+        )
+
+
+class PoolDraining(PoolRefused):
+    """The pool is draining its queue at the old capacity after a capacity change."""
+
+    code = "pool_draining"
+
+
+class NotCancellable(PoolRefused):
+    """The entry is already running or finished and cannot be cancelled that way."""
+
+    code = "not_cancellable"
+
+
+class PoolUnavailable(PoolError):
+    """Pool state could not be read or written (database error or lock timeout)."""
+
+    code = "pool_unavailable"
+
+
+class LeaseLost(PoolError):
+    """Raised into a task body whose claim (lease) is no longer held."""
+
+    code = "lease_lost"
+
+
+class QueueTimeout(PoolError):
+    """An entry waited past its ``queue_timeout`` deadline without being admitted.
+
+    Stored as the task's failure in the result backend; ``args`` are plain data so the
+    exception survives the JSON result serializer.
+    """
+
+    code = "queue_timeout"
+
+    def __init__(self, pool: str, deadline: datetime | str | None = None) -> None:
+        super().__init__(pool, deadline.isoformat() if isinstance(deadline, datetime) else deadline)
+        self.pool = pool
+        self.deadline = self.args[1]
+
+    def __str__(self) -> str:
+        return (
+            f"Gave up waiting for pool {self.pool!r}: the queue_timeout deadline "
+            f"{self.deadline} passed before the task was admitted."
+        )
+
+
+class EntryCancelled(PoolError):
+    """The entry was cancelled before it ran."""
+
+    code = "entry_cancelled"

@@ -1,0 +1,63 @@
+"""Claims held by workers: start and renewal, by compare-and-set on the fencing token.
+
+No pool locks here: these transitions only move an entry between held states
+(``admitted`` -> ``running``) or extend its lease, which never changes the held
+sum, so a single conditional ``UPDATE`` on the entry row is enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from pools import conf, events
+from pools.models import EntryState, EventKind, QueueEntry
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """The claim a running task body holds; read it with ``pools.current_claim()``."""
+
+    #: Queue entry id.
+    entry_id: int
+    #: Fencing token: include it in external writes to reject stale writers.
+    token: int
+    #: Pools and slots held.
+    demand: dict[str, int]
+    #: When the lease runs out unless renewed.
+    lease_expires_at: datetime
+
+
+def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
+    """Mark an admitted entry running on ``worker``; None if the token is stale or it already ran."""
+    now = timezone.now()
+    until = now + timedelta(seconds=conf.get().LEASE_SECONDS)
+    changed = QueueEntry.objects.filter(
+        pk=entry_id, token=token, state=EntryState.ADMITTED
+    ).update(state=EntryState.RUNNING, started_at=now, worker=worker[:255], lease_expires_at=until)
+    if not changed:
+        return None
+    entry = QueueEntry.objects.only("key", "token", "demand").get(pk=entry_id)
+    events.record(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
+    return Claim(entry_id=entry_id, token=token, demand=entry.demand, lease_expires_at=until)
+
+
+def renew(entry_id: int, token: int) -> datetime | None:
+    """Extend a held lease; None (the claim is lost) when the token is stale or it lapsed."""
+    until = timezone.now() + timedelta(seconds=conf.get().LEASE_SECONDS)
+    changed = QueueEntry.objects.held().filter(pk=entry_id, token=token).update(
+        lease_expires_at=until
+    )
+    return until if changed else None
+
+
+def record_skipped(entry_id: int | None, key: str, token: int | None, why: str) -> None:
+    """Log a delivery that was not run (stale token, no claim)."""
+    from pools.models import PoolEvent
+
+    PoolEvent.objects.create(
+        at=timezone.now(), kind=EventKind.SKIPPED, entry_id=entry_id, key=key, token=token,
+        detail={"why": why},
+    )

@@ -1,0 +1,211 @@
+"""Database models: pools, queue entries, their per-pool demand rows and the event log.
+
+Rows are changed only by the service modules (:mod:`pools.admission`,
+:mod:`pools.leases`, :mod:`pools.definitions`); never ``update(state=...)`` elsewhere.
+"""
+
+from __future__ import annotations
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from pools.querysets import DemandQuerySet, QueueEntryQuerySet
+from pools.specs import POOL_NAME_RE
+
+
+class EntryState(models.TextChoices):
+    """Life of a queue entry (SPEC §2)."""
+
+    WAITING = "waiting", _("waiting")
+    ADMITTED = "admitted", _("admitted")
+    RUNNING = "running", _("running")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+    EXPIRED = "expired", _("expired")
+    REJECTED = "rejected", _("rejected")
+    SUPERSEDED = "superseded", _("superseded")
+    RETRIED = "retried", _("retried")
+
+
+#: States whose entries hold slots (the claim).
+HELD_STATES = (EntryState.ADMITTED, EntryState.RUNNING)
+#: States an entry never leaves.
+TERMINAL_STATES = (
+    EntryState.SUCCEEDED,
+    EntryState.FAILED,
+    EntryState.CANCELLED,
+    EntryState.EXPIRED,
+    EntryState.REJECTED,
+    EntryState.SUPERSEDED,
+    EntryState.RETRIED,
+)
+
+
+class Origin(models.TextChoices):
+    """Where a submission came from."""
+
+    CODE = "code", _("code")
+    BEAT = "beat", _("beat fire")
+    MANUAL = "manual", _("manual start")
+    API = "api", _("REST API")
+    UNGATED = "ungated", _("message without a claim")
+
+
+class Pool(models.Model):
+    """A named capacity of ``slots`` shared by every task that names it, on every worker."""
+
+    name = models.CharField(
+        _("name"),
+        max_length=100,
+        unique=True,
+        validators=[RegexValidator(POOL_NAME_RE, _("Use letters, digits and '_ . : -'."))],
+        help_text=_("Unique name tasks use in @pooled(...)."),
+    )
+    slots = models.PositiveIntegerField(
+        _("slots"), validators=[MinValueValidator(1)], help_text=_("Capacity of the pool.")
+    )
+    max_queued = models.PositiveIntegerField(
+        _("max queued"),
+        null=True,
+        blank=True,
+        help_text=_("Backlog limit: waiting entries allowed; empty means unlimited."),
+    )
+    paused = models.BooleanField(
+        _("paused"), default=False, help_text=_("A paused pool admits nothing; entries keep their place.")
+    )
+    description = models.TextField(_("description"), blank=True)
+    defined_in_settings = models.BooleanField(
+        _("defined in settings"), default=False, editable=False,
+        help_text=_("Created or updated from POOLS['DEFINITIONS'] by 'pools sync'."),
+    )
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = _("resource pool")
+        verbose_name_plural = _("resource pools")
+        constraints = [models.CheckConstraint(condition=Q(slots__gte=1), name="pools_pool_slots_positive")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.slots} slots)"
+
+
+class QueueEntry(models.Model):
+    """One submission of one pooled task: its place in line and, once admitted, its claim."""
+
+    queue_id = models.BigAutoField(primary_key=True)
+    key = models.CharField(_("key"), max_length=255, db_index=True, help_text=_("Celery task id."))
+    task_name = models.CharField(_("task"), max_length=255)
+    args = models.JSONField(_("args"), default=list, encoder=DjangoJSONEncoder)
+    kwargs = models.JSONField(_("kwargs"), default=dict, encoder=DjangoJSONEncoder)
+    #: Celery publish options held until admission (queue, link, chord, headers, ...).
+    options = models.JSONField(_("options"), default=dict, encoder=DjangoJSONEncoder)
+    #: ``{pool name: slots}``; mirrored row by row in :class:`Demand`.
+    demand = models.JSONField(_("demand"), default=dict)
+    state = models.CharField(_("state"), max_length=12, choices=EntryState.choices, default=EntryState.WAITING)
+    priority = models.IntegerField(_("priority"), default=0)
+    enqueued_at = models.DateTimeField(_("enqueued at"))
+    not_before = models.DateTimeField(_("not before"), null=True, blank=True)
+    deadline = models.DateTimeField(_("deadline"), null=True, blank=True)
+    #: Fencing token: bumped by every admission; deliveries and renewals must carry it.
+    token = models.PositiveBigIntegerField(_("fencing token"), default=0)
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
+    worker = models.CharField(_("worker"), max_length=255, blank=True)
+    origin = models.CharField(_("origin"), max_length=10, choices=Origin.choices, default=Origin.CODE)
+    root_id = models.CharField(_("workflow root id"), max_length=255, blank=True)
+    parent_id = models.CharField(_("parent id"), max_length=255, blank=True)
+    attempt = models.PositiveIntegerField(_("attempt"), default=0, help_text=_("Celery retries."))
+    reason = models.CharField(_("reason"), max_length=255, blank=True)
+    admitted_at = models.DateTimeField(_("admitted at"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+
+    objects = QueueEntryQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("queue entry")
+        verbose_name_plural = _("queue entries")
+        indexes = [
+            models.Index(fields=["state", "lease_expires_at"], name="pools_entry_state_lease"),
+            models.Index(fields=["root_id"], name="pools_entry_root"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.queue_id} {self.task_name} [{self.state}]"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the entry can no longer change state."""
+        return self.state in TERMINAL_STATES
+
+
+class Demand(models.Model):
+    """One pool named by one entry, with the entry's ordering columns copied for the index.
+
+    The head of a pool is the first row of ``(pool, state='waiting')`` in
+    ``(-priority, enqueued_at, entry)`` order: one index range scan, whatever the queue length.
+    Held slots of a pool are the sum of ``slots`` over its rows in held states.
+    """
+
+    entry = models.ForeignKey(QueueEntry, on_delete=models.CASCADE, related_name="demands")
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="demands")
+    slots = models.PositiveIntegerField()
+    state = models.CharField(max_length=12, choices=EntryState.choices, default=EntryState.WAITING)
+    priority = models.IntegerField(default=0)
+    enqueued_at = models.DateTimeField()
+
+    objects = DemandQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["entry", "pool"], name="pools_demand_unique")]
+        indexes = [
+            models.Index(
+                fields=["pool", "state", "-priority", "enqueued_at", "entry"], name="pools_demand_line"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.slots} of {self.pool_id} for entry {self.entry_id}"
+
+
+class EventKind(models.TextChoices):
+    """Kinds of lifecycle events in the append-only log."""
+
+    ENQUEUED = "enqueued", _("enqueued")
+    ADMITTED = "admitted", _("admitted")
+    STARTED = "started", _("started")
+    SETTLED = "settled", _("settled")
+    REQUEUED = "requeued", _("requeued")
+    EXPIRED = "expired", _("expired")
+    CANCELLED = "cancelled", _("cancelled")
+    REJECTED = "rejected", _("rejected")
+    DROPPED = "dropped", _("dropped")
+    SUPERSEDED = "superseded", _("superseded")
+    SKIPPED = "skipped", _("skipped delivery")
+    CAPACITY_CHANGED = "capacity", _("capacity changed")
+
+
+class PoolEvent(models.Model):
+    """Append-only log of lifecycle events (the order of ``id`` is the order they happened)."""
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(_("at"), db_index=True)
+    kind = models.CharField(_("kind"), max_length=12, choices=EventKind.choices)
+    pool = models.CharField(_("pool"), max_length=100, blank=True, db_index=True)
+    entry_id = models.BigIntegerField(_("entry"), null=True, blank=True)
+    key = models.CharField(_("key"), max_length=255, blank=True)
+    token = models.PositiveBigIntegerField(_("token"), null=True, blank=True)
+    detail = models.JSONField(_("detail"), default=dict, encoder=DjangoJSONEncoder)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name = _("pool event")
+        verbose_name_plural = _("pool events")
+
+    def __str__(self) -> str:
+        return f"{self.at:%H:%M:%S} {self.kind} {self.pool} #{self.entry_id}"

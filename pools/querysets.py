@@ -1,0 +1,64 @@
+"""Named queries. Filters on entry state live here, not copied around the code."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+
+if TYPE_CHECKING:
+    pass
+
+_HELD = ("admitted", "running")
+
+
+class QueueEntryQuerySet(models.QuerySet[Any]):
+    """Queries over queue entries."""
+
+    def waiting(self) -> QueueEntryQuerySet:
+        """Entries in line for admission."""
+        return self.filter(state="waiting")
+
+    def held(self) -> QueueEntryQuerySet:
+        """Entries holding slots (admitted or running)."""
+        return self.filter(state__in=_HELD)
+
+    def active(self) -> QueueEntryQuerySet:
+        """Entries that are not finished (waiting or holding)."""
+        return self.filter(state__in=("waiting", *_HELD))
+
+    def for_pool(self, name: str) -> QueueEntryQuerySet:
+        """Entries that name pool ``name``."""
+        return self.filter(demands__pool__name=name)
+
+    def lapsed(self, now: datetime) -> QueueEntryQuerySet:
+        """Held entries whose lease has run out."""
+        return self.held().filter(lease_expires_at__lt=now)
+
+    def in_line_order(self) -> QueueEntryQuerySet:
+        """Admission order: priority descending, then enqueue time, then queue id."""
+        return self.order_by("-priority", "enqueued_at", "queue_id")
+
+
+class DemandQuerySet(models.QuerySet[Any]):
+    """Queries over per-pool demand rows."""
+
+    def waiting(self) -> DemandQuerySet:
+        """Rows of entries in line."""
+        return self.filter(state="waiting")
+
+    def held(self) -> DemandQuerySet:
+        """Rows of entries that hold their slots."""
+        return self.filter(state__in=_HELD)
+
+    def line(self, pool_id: int) -> DemandQuerySet:
+        """The waiting line of one pool, head first (served by the ``pools_demand_line`` index)."""
+        return self.filter(pool_id=pool_id, state="waiting").order_by(
+            "-priority", "enqueued_at", "entry_id"
+        )
+
+    def held_slots(self, pool_id: int) -> int:
+        """Slots held in one pool, summed from holding rows."""
+        total = self.filter(pool_id=pool_id, state__in=_HELD).aggregate(n=models.Sum("slots"))["n"]
+        return int(total or 0)

@@ -1,0 +1,143 @@
+"""Value objects describing what a pooled task asks for, and their validation.
+
+Pure Python: no database, no Celery. Used by the decorator (checked when it is
+applied), by per-call overrides and by the enqueue service.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pools.exceptions import PoolConfigurationError
+
+#: A pool name: starts with a letter or digit; letters, digits, ``_ . : -``; at most 100.
+POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
+
+#: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
+CALL_OPTIONS = frozenset({"priority", "queue_timeout", "key"})
+
+
+def validate_pool_name(name: object) -> str:
+    """Return ``name`` if it is a valid pool name, else raise ``PoolConfigurationError``."""
+    if not isinstance(name, str) or not POOL_NAME_RE.match(name):
+        raise PoolConfigurationError(
+            f"Invalid pool name {name!r}: use 1-100 characters, letters, digits and '_ . : -', "
+            f"starting with a letter or digit (e.g. 'warehouse' or 'partner-api')."
+        )
+    return name
+
+
+def validate_slots(value: object, *, what: str) -> int:
+    """Return ``value`` if it is a positive integer, else raise with ``what`` in the message."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PoolConfigurationError(f"{what} must be a positive integer, got {value!r}.")
+    return value
+
+
+def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str, int]:
+    """Turn ``"warehouse"`` + ``slots`` or ``{"warehouse": 1, "api": 2}`` into a checked dict."""
+    if isinstance(pools, str):
+        return {validate_pool_name(pools): validate_slots(slots, what=f"slots for pool {pools!r}")}
+    if isinstance(pools, Mapping):
+        if not pools:
+            raise PoolConfigurationError("A pooled task must name at least one pool.")
+        if slots != 1:
+            raise PoolConfigurationError(
+                "Pass slots inside the dict for a multi-pool demand: "
+                "@pooled({'warehouse': 2, 'partner-api': 1})."
+            )
+        return {
+            validate_pool_name(name): validate_slots(n, what=f"slots for pool {name!r}")
+            for name, n in sorted(pools.items())
+        }
+    raise PoolConfigurationError(
+        f"@pooled expects a pool name or a {{pool: slots}} dict, got {type(pools).__name__}."
+    )
+
+
+def _validate_priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PoolConfigurationError(f"priority must be an integer, got {value!r}.")
+    return value
+
+
+def _validate_timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise PoolConfigurationError(
+            f"queue_timeout must be a positive number of seconds or None, got {value!r}."
+        )
+    return float(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolSpec:
+    """What one pooled task asks of its pools."""
+
+    #: Slots wanted per pool, sorted by pool name (the lock order).
+    demand: dict[str, int]
+    #: Pool priority: higher is admitted first. Distinct from Celery's broker ``priority``.
+    priority: int = 0
+    #: Seconds an entry may wait for admission before it expires; ``None`` waits forever.
+    queue_timeout: float | None = None
+
+    @classmethod
+    def build(
+        cls,
+        pools: str | Mapping[str, int],
+        slots: int = 1,
+        *,
+        priority: int = 0,
+        queue_timeout: float | None = None,
+    ) -> PoolSpec:
+        """Validate decorator-style arguments and return a spec."""
+        return cls(
+            demand=normalize_demand(pools, slots),
+            priority=_validate_priority(priority),
+            queue_timeout=_validate_timeout(queue_timeout),
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:
+        """Build from a settings mapping ``{"pools": ..., "slots": ..., "priority": ...}``."""
+        unknown = set(data) - {"pools", "slots", "priority", "queue_timeout"}
+        if unknown or "pools" not in data:
+            raise PoolConfigurationError(
+                f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required), "
+                f"'slots', 'priority', 'queue_timeout'."
+            )
+        return cls.build(
+            data["pools"],
+            data.get("slots", 1),
+            priority=data.get("priority", 0),
+            queue_timeout=data.get("queue_timeout"),
+        )
+
+    def with_call_options(self, options: Mapping[str, Any] | None) -> PoolSpec:
+        """Apply a call's ``pool_options`` (``priority``, ``queue_timeout``) to this spec."""
+        if not options:
+            return self
+        if not isinstance(options, Mapping):
+            raise PoolConfigurationError(
+                f"pool_options must be a dict such as {{'priority': 5}}, got {options!r}."
+            )
+        unknown = set(options) - CALL_OPTIONS
+        if unknown:
+            raise PoolConfigurationError(
+                f"Unknown pool_options key(s) {sorted(unknown)}; allowed: {sorted(CALL_OPTIONS)}."
+            )
+        changes: dict[str, Any] = {}
+        if "priority" in options:
+            changes["priority"] = _validate_priority(options["priority"])
+        if "queue_timeout" in options:
+            changes["queue_timeout"] = _validate_timeout(options["queue_timeout"])
+        return replace(self, **changes)
+
+    @property
+    def pools(self) -> list[str]:
+        """Pool names in lock order."""
+        return list(self.demand)

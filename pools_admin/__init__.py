@@ -1,0 +1,1 @@
+"""Admin pages for django-celery-pools: pools, entries, dashboard card and run panel."""

@@ -1,0 +1,31 @@
+"""A bridge that records admissions instead of publishing them (integration tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pools.admission import Admission, Finished
+
+
+class RecordingBridge:
+    """Collects what the core would hand to Celery."""
+
+    def __init__(self) -> None:
+        self.admissions: list[Admission] = []
+        self.finished: list[Finished] = []
+
+    def publish(self, admissions: Sequence[Admission]) -> None:
+        self.admissions.extend(admissions)
+
+    def report_finished(self, finished: Sequence[Finished]) -> None:
+        self.finished.extend(finished)
+
+    def keys(self) -> list[str]:
+        return [a.key for a in self.admissions]
+
+    def reset(self) -> None:
+        self.admissions.clear()
+        self.finished.clear()
+
+
+recorder = RecordingBridge()

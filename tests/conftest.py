@@ -1,0 +1,62 @@
+"""Shared fixtures. Services (PostgreSQL, Redis): skipped locally when missing, failed under CI."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def service_up(host: str, port: int) -> bool:
+    """True if something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip (locally) or fail (CI=true) when a needed service is not reachable."""
+    if service_up(host, port):
+        return
+    message = f"{name} is not reachable on {host}:{port}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: a missing service is a failure)")
+    pytest.skip(message)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    on_postgres = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+    deselected = [i for i in items if i.get_closest_marker("postgres") and not on_postgres]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [i for i in items if i not in deselected]
+
+
+@pytest.fixture(autouse=True)
+def _services(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("postgres") or settings.DATABASES["default"][
+        "ENGINE"
+    ].endswith("postgresql"):
+        require_service("PostgreSQL", "127.0.0.1", 5432)
+    if request.node.get_closest_marker("redis"):
+        require_service("Redis", "127.0.0.1", 6379)
+
+
+@pytest.fixture
+def recorder(settings: pytest.FixtureRequest) -> Iterator[object]:
+    """Route admissions to an in-memory recorder instead of Celery."""
+    from tests.bridge import recorder as rec
+
+    pools = dict(settings.POOLS)  # type: ignore[attr-defined]
+    pools["PUBLISHER"] = "tests.bridge.recorder"
+    settings.POOLS = pools  # type: ignore[attr-defined]
+    rec.reset()
+    yield rec
+    rec.reset()

@@ -1,0 +1,185 @@
+"""Admission semantics on a real database (SQLite, and PostgreSQL in the postgres run)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from pools import admission
+from pools.exceptions import (
+    DemandExceedsCapacity,
+    EntryNotFound,
+    NotCancellable,
+    PoolFull,
+    UnknownPool,
+)
+from pools.models import Demand, EntryState, EventKind, PoolEvent, QueueEntry
+from tests.factories import make_pool, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def finish(rec, key: str, outcome: str = "succeeded") -> bool:
+    adm = next(a for a in rec.admissions if a.key == key)
+    return admission.settle(adm.entry_id, adm.token, outcome)
+
+
+def held(pool: str) -> int:
+    return sum(d.slots for d in Demand.objects.held().filter(pool__name=pool))
+
+
+def test_enqueue__fast_path_admits_when_free(recorder):
+    make_pool("p", 2)
+    assert submit(key="a").admitted
+    assert submit(key="b").admitted
+    assert not submit(key="c").admitted
+    assert recorder.keys() == ["a", "b"]
+    assert held("p") == 2
+    assert QueueEntry.objects.get(key="c").state == EntryState.WAITING
+
+
+def test_settle__admits_next_in_priority_then_fifo_order(recorder):
+    make_pool("p", 1)
+    submit(key="run")
+    submit(key="low", priority=0)
+    submit(key="high", priority=5)
+    submit(key="low2", priority=0)
+    submit(key="high2", priority=5)
+    order = ["run"]
+    for _ in range(4):
+        assert finish(recorder, order[-1])
+        order.append(recorder.keys()[-1])
+    assert order == ["run", "high", "high2", "low", "low2"]
+
+
+def test_head_of_line__big_head_blocks_smaller_entries_behind_it(recorder):
+    make_pool("p", 3)
+    submit(key="one", slots=1)
+    submit(key="two", slots=2)
+    submit(key="big", slots=3)  # head: needs all 3
+    submit(key="small", slots=1)  # would fit, but must not pass the head
+    assert recorder.keys() == ["one", "two"]
+    finish(recorder, "one")
+    assert recorder.keys() == ["one", "two"], "one free slot must not be backfilled"
+    finish(recorder, "two")
+    assert recorder.keys()[-1] == "big"
+    finish(recorder, "big")
+    assert recorder.keys()[-1] == "small"
+
+
+def test_multi_pool__acquires_all_or_nothing(recorder):
+    make_pool("a", 1)
+    make_pool("b", 1)
+    submit("a", key="hold-a")
+    submit({"a": 1, "b": 1}, key="both")
+    assert recorder.keys() == ["hold-a"]
+    assert held("b") == 0, "a multi-pool entry never holds some pools while waiting for others"
+    submit("b", key="only-b")
+    # 'both' is not b's head... it is: it was enqueued first; only-b waits behind it.
+    assert recorder.keys() == ["hold-a"]
+    finish(recorder, "hold-a")
+    assert recorder.keys() == ["hold-a", "both"]
+    assert held("a") == 1 and held("b") == 1
+    finish(recorder, "both")
+    assert recorder.keys()[-1] == "only-b"
+
+
+def test_multi_pool__separate_pools_progress_independently(recorder):
+    make_pool("a", 1)
+    make_pool("b", 1)
+    submit("a", key="a1")
+    submit("a", key="a2")
+    submit("b", key="b1")
+    assert recorder.keys() == ["a1", "b1"]
+
+
+def test_not_before__future_head_blocks_its_pool(recorder):
+    make_pool("p", 2)
+    later = timezone.now() + timedelta(hours=1)
+    submit(key="eta", not_before=later)
+    submit(key="now")
+    assert recorder.keys() == [], "an ineligible head still blocks lower entries"
+    QueueEntry.objects.filter(key="eta").update(not_before=timezone.now() - timedelta(seconds=1))
+    admission.admit(["p"])
+    assert recorder.keys() == ["eta", "now"]
+
+
+def test_max_queued__refuses_with_message_and_keeps_queue(recorder):
+    make_pool("p", 1, max_queued=2)
+    submit(key="running")
+    submit(key="w1")
+    submit(key="w2")
+    with pytest.raises(PoolFull, match=r"Pool 'p' is full.*max_queued=2"):
+        submit(key="w3")
+    assert not QueueEntry.objects.filter(key="w3").exists()
+    assert QueueEntry.objects.waiting().count() == 2
+
+
+def test_enqueue__unknown_pool_and_oversized_demand_are_refused(recorder):
+    make_pool("p", 2)
+    with pytest.raises(UnknownPool, match="'nope' does not exist"):
+        submit("nope")
+    with pytest.raises(DemandExceedsCapacity, match="3 slot"):
+        submit("p", slots=3)
+    assert QueueEntry.objects.count() == 0
+
+
+def test_settle__is_exactly_once_per_token(recorder):
+    make_pool("p", 1)
+    submit(key="a")
+    adm = recorder.admissions[0]
+    assert admission.settle(adm.entry_id, adm.token, "succeeded")
+    assert not admission.settle(adm.entry_id, adm.token, "succeeded")
+    assert not admission.settle(adm.entry_id, adm.token + 1, "failed")
+    assert PoolEvent.objects.filter(kind=EventKind.SETTLED).count() == 1
+
+
+def test_paused_pool__admits_nothing_until_resumed(recorder):
+    pool = make_pool("p", 2, paused=True)
+    submit(key="a")
+    assert recorder.keys() == []
+    pool.paused = False
+    pool.save()
+    admission.admit(["p"])
+    assert recorder.keys() == ["a"]
+
+
+def test_cancel__waiting_entry_is_cancelled_and_reported(recorder):
+    make_pool("p", 1)
+    submit(key="run")
+    submit(key="wait")
+    entry = admission.cancel("wait")
+    assert entry.state == EntryState.CANCELLED
+    assert [f.key for f in recorder.finished] == ["wait"]
+    with pytest.raises(NotCancellable, match="already running"):
+        admission.cancel("run")
+    with pytest.raises(EntryNotFound):
+        admission.cancel("missing")
+
+
+def test_deadline__expired_head_leaves_the_line(recorder):
+    make_pool("p", 1)
+    submit(key="run")
+    submit(key="late", queue_timeout=0.001)
+    submit(key="next")
+    QueueEntry.objects.filter(key="late").update(deadline=timezone.now() - timedelta(seconds=1))
+    finish(recorder, "run")
+    assert recorder.keys() == ["run", "next"]
+    assert QueueEntry.objects.get(key="late").state == EntryState.EXPIRED
+    assert [f.state for f in recorder.finished] == ["expired"]
+
+
+def test_requeue__keeps_place_in_line(recorder):
+    make_pool("p", 1)
+    submit(key="first", priority=1)
+    submit(key="second", priority=1)
+    adm = recorder.admissions[0]
+    entry = QueueEntry.objects.get(key="first")
+    # Publishing failed: it goes back in line ahead of 'second' and is admitted again.
+    assert admission.requeue(adm.entry_id, adm.token, reason="publish failed")
+    assert recorder.keys() == ["first", "first"]
+    again = QueueEntry.objects.get(pk=entry.pk)
+    assert again.token == adm.token + 1
+    assert again.enqueued_at == entry.enqueued_at

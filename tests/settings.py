@@ -1,0 +1,91 @@
+"""Settings for the test suite.
+
+``POOLS_TEST_DB=postgres`` runs on PostgreSQL (127.0.0.1:5432, user postgres);
+the default is SQLite in WAL mode with IMMEDIATE transactions.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+SECRET_KEY = "tests-not-secret"  # noqa: S105
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_celery_beat",
+    "pools",
+    "pools_admin",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+
+DB_KIND = os.environ.get("POOLS_TEST_DB", "sqlite")
+if DB_KIND == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("POOLS_PG_NAME", "pools"),
+            "USER": "postgres",
+            "HOST": "127.0.0.1",
+            "PORT": "5432",
+            "TEST": {"NAME": os.environ.get("POOLS_PG_TEST_NAME", "test_pools")},
+        }
+    }
+else:
+    _dir = os.environ.get("POOLS_SQLITE_DIR") or tempfile.gettempdir()
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.path.join(_dir, "pools-tests.sqlite3"),
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            "TEST": {"NAME": os.path.join(_dir, "test-pools.sqlite3")},
+        }
+    }
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "memory://")
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "cache+memory://")
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+
+POOLS = {
+    "DEFINITIONS": {
+        "warehouse": {"slots": 2, "max_queued": 50},
+        "partner-api": {"slots": 1},
+    },
+}
