@@ -245,7 +245,9 @@ def _fits_everywhere(
     return True
 
 
-def _drop_from_lines(entry: QueueEntry, pools: dict[str, Pool], lines: dict[int, deque[Demand]]) -> None:
+def _drop_from_lines(
+    entry: QueueEntry, pools: dict[str, Pool], lines: dict[int, deque[Demand]]
+) -> None:
     for name in entry.demand:
         pool = pools.get(name)
         line = lines.get(pool.pk) if pool else None
@@ -279,9 +281,11 @@ def _finish_waiting(
         state=state, finished_at=now, reason=reason
     )
     Demand.objects.filter(entry_id__in=ids).update(state=state)
-    kind = {EntryState.EXPIRED: EventKind.EXPIRED, EntryState.CANCELLED: EventKind.CANCELLED}.get(
-        state, EventKind.REJECTED
-    )
+    kinds: dict[str, str] = {
+        EntryState.EXPIRED: EventKind.EXPIRED,
+        EntryState.CANCELLED: EventKind.CANCELLED,
+    }
+    kind = kinds.get(state, EventKind.REJECTED)
     events.record(kind, entries, at=now, detail={"reason": reason})
     return [
         Finished(
@@ -413,9 +417,9 @@ def settle(entry_id: int, token: int, outcome: str, *, reason: str = "") -> bool
         return False
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
-        changed = QueueEntry.objects.filter(
-            pk=entry_id, token=token, state__in=HELD_STATES
-        ).update(state=outcome, finished_at=now, lease_expires_at=None, reason=reason)
+        changed = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES).update(
+            state=outcome, finished_at=now, lease_expires_at=None, reason=reason
+        )
         if changed:
             Demand.objects.filter(entry_id=entry_id).update(state=outcome)
             entry.refresh_from_db(fields=["key", "token", "demand"])
@@ -464,7 +468,9 @@ def cancel(key: str, *, reason: str = "cancelled") -> QueueEntry:
     with locked_pools(entry.demand) as pools:
         entry.refresh_from_db()
         if entry.state != EntryState.WAITING:
-            verb = "is already running" if entry.state in HELD_STATES else f"is already {entry.state}"
+            verb = (
+                "is already running" if entry.state in HELD_STATES else f"is already {entry.state}"
+            )
             raise NotCancellable(
                 f"Entry {key!r} in pool {next(iter(entry.demand))!r} {verb}; only waiting "
                 f"entries can be cancelled."

@@ -31,12 +31,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 
 @register(deploy=False)
-def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+def check_database(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
     """SQLite must run IMMEDIATE transactions for admission to serialize."""
     db = connections["default"]
-    if db.vendor == "sqlite" and (db.settings_dict.get("OPTIONS") or {}).get(
-        "transaction_mode"
-    ) != "IMMEDIATE":
+    if (
+        db.vendor == "sqlite"
+        and (db.settings_dict.get("OPTIONS") or {}).get("transaction_mode") != "IMMEDIATE"
+    ):
         return [
             Warning(
                 "SQLite without IMMEDIATE transactions: concurrent admissions may fail with "

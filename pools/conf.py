@@ -52,14 +52,16 @@ def _load() -> PoolsSettings:
 
     raw = getattr(django_settings, "POOLS", None) or {}
     if not isinstance(raw, dict):
-        raise PoolConfigurationError("settings.POOLS must be a dict, e.g. POOLS = {'DEFINITIONS': {...}}.")
+        raise PoolConfigurationError(
+            "settings.POOLS must be a dict, e.g. POOLS = {'DEFINITIONS': {...}}."
+        )
     unknown = sorted(set(raw) - _KNOWN)
     if unknown:
         raise PoolConfigurationError(
             f"Unknown key(s) in settings.POOLS: {', '.join(unknown)}. "
             f"Known keys: {', '.join(sorted(_KNOWN))}."
         )
-    values = {k: dict(raw.get(k) or {}) for k in _DICT_KEYS}
+    values: dict[str, Any] = {k: dict(raw.get(k) or {}) for k in _DICT_KEYS}
     values.update({k: v for k, v in raw.items() if k not in _DICT_KEYS})
     return PoolsSettings(**values)
 

@@ -13,6 +13,7 @@ it would finalize the wrong app, so that order raises at import with the fix.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -92,11 +93,15 @@ def _wrap_function(fn: Callable[..., Any], spec: PoolSpec) -> Callable[..., Any]
 
         return worker.run_gated(fn, args, kwargs)
 
+    # Celery checks call arguments with getfullargspec(), which ignores __wrapped__.
+    gated.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
     setattr(gated, SPEC_ATTR, spec)
     return gated
 
 
 def _wrap_task(task: Task, spec: PoolSpec) -> None:
+    if type(task) in (Proxy, PromiseProxy):
+        task = task._get_current_object()  # type: ignore[attr-defined]
     _wrap_class(type(task), spec)
 
 

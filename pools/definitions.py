@@ -45,7 +45,9 @@ def parse(name: str, raw: Any) -> PoolDefinition:
     slots = validate_slots(raw["slots"], what=f"POOLS['DEFINITIONS'][{name!r}]['slots']")
     max_queued = raw.get("max_queued")
     if max_queued is not None:
-        max_queued = validate_slots(max_queued, what=f"POOLS['DEFINITIONS'][{name!r}]['max_queued']")
+        max_queued = validate_slots(
+            max_queued, what=f"POOLS['DEFINITIONS'][{name!r}]['max_queued']"
+        )
     return PoolDefinition(
         name=name,
         slots=slots,
@@ -107,7 +109,10 @@ def sync() -> SyncReport:
             updated.append(d.name)
             if before != d.slots:
                 events.record_pool(
-                    EventKind.CAPACITY_CHANGED, d.name, at=now, detail={"from": before, "to": d.slots}
+                    EventKind.CAPACITY_CHANGED,
+                    d.name,
+                    at=now,
+                    detail={"from": before, "to": d.slots},
                 )
     if updated:
         admission.admit(updated)

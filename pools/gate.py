@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import Celery
@@ -53,13 +53,13 @@ def install() -> None:
     if _original_send_task is not None:
         return
     _original_send_task = celery_base.Celery.send_task
-    celery_base.Celery.send_task = _gated_send_task  # type: ignore[method-assign]
+    celery_base.Celery.send_task = _gated_send_task  # type: ignore[method-assign,assignment]
 
 
 def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:
     """The pool spec of task ``name``: from the task's decorator, else ``POOLS['TASKS']``."""
     if task_type is None:
-        task_type = app._tasks.get(name)  # the raw registry: never finalizes the app
+        task_type = app._tasks.get(name)  # type: ignore[attr-defined]  # raw registry: no finalize
     spec = spec_of(task_type) if task_type is not None else None
     if spec is None:
         declared = conf.get().TASKS.get(name)
@@ -131,7 +131,7 @@ def _not_before(eta: Any, countdown: Any, now: datetime) -> datetime | None:
     if isinstance(eta, str):
         eta = datetime.fromisoformat(eta)
     if isinstance(eta, datetime):
-        return eta if timezone.is_aware(eta) else timezone.make_aware(eta, timezone.utc)
+        return eta if timezone.is_aware(eta) else timezone.make_aware(eta, UTC)
     return None
 
 
@@ -171,8 +171,13 @@ class CeleryBridge:
             headers[CLAIM_HEADER] = f"{adm.entry_id}:{adm.token}"
             try:
                 _original_send_task(
-                    current_app, adm.task_name, adm.args, adm.kwargs,
-                    task_id=adm.key, headers=headers, **options,
+                    current_app,
+                    adm.task_name,
+                    adm.args,
+                    adm.kwargs,
+                    task_id=adm.key,
+                    headers=headers,
+                    **options,
                 )
             except Exception as exc:
                 logger.exception("Publishing admitted entry %s failed; requeueing it", adm.entry_id)

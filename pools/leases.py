@@ -34,9 +34,9 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     """Mark an admitted entry running on ``worker``; None if the token is stale or it already ran."""
     now = timezone.now()
     until = now + timedelta(seconds=conf.get().LEASE_SECONDS)
-    changed = QueueEntry.objects.filter(
-        pk=entry_id, token=token, state=EntryState.ADMITTED
-    ).update(state=EntryState.RUNNING, started_at=now, worker=worker[:255], lease_expires_at=until)
+    changed = QueueEntry.objects.filter(pk=entry_id, token=token, state=EntryState.ADMITTED).update(
+        state=EntryState.RUNNING, started_at=now, worker=worker[:255], lease_expires_at=until
+    )
     if not changed:
         return None
     entry = QueueEntry.objects.only("key", "token", "demand").get(pk=entry_id)
@@ -47,8 +47,8 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
 def renew(entry_id: int, token: int) -> datetime | None:
     """Extend a held lease; None (the claim is lost) when the token is stale or it lapsed."""
     until = timezone.now() + timedelta(seconds=conf.get().LEASE_SECONDS)
-    changed = QueueEntry.objects.held().filter(pk=entry_id, token=token).update(
-        lease_expires_at=until
+    changed = (
+        QueueEntry.objects.held().filter(pk=entry_id, token=token).update(lease_expires_at=until)
     )
     return until if changed else None
 
@@ -58,6 +58,10 @@ def record_skipped(entry_id: int | None, key: str, token: int | None, why: str) 
     from pools.models import PoolEvent
 
     PoolEvent.objects.create(
-        at=timezone.now(), kind=EventKind.SKIPPED, entry_id=entry_id, key=key, token=token,
+        at=timezone.now(),
+        kind=EventKind.SKIPPED,
+        entry_id=entry_id,
+        key=key,
+        token=token,
         detail={"why": why},
     )

@@ -75,11 +75,15 @@ class Pool(models.Model):
         help_text=_("Backlog limit: waiting entries allowed; empty means unlimited."),
     )
     paused = models.BooleanField(
-        _("paused"), default=False, help_text=_("A paused pool admits nothing; entries keep their place.")
+        _("paused"),
+        default=False,
+        help_text=_("A paused pool admits nothing; entries keep their place."),
     )
     description = models.TextField(_("description"), blank=True)
     defined_in_settings = models.BooleanField(
-        _("defined in settings"), default=False, editable=False,
+        _("defined in settings"),
+        default=False,
+        editable=False,
         help_text=_("Created or updated from POOLS['DEFINITIONS'] by 'pools sync'."),
     )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
@@ -89,7 +93,9 @@ class Pool(models.Model):
         ordering = ["name"]
         verbose_name = _("resource pool")
         verbose_name_plural = _("resource pools")
-        constraints = [models.CheckConstraint(condition=Q(slots__gte=1), name="pools_pool_slots_positive")]
+        constraints = [
+            models.CheckConstraint(condition=Q(slots__gte=1), name="pools_pool_slots_positive")
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.slots} slots)"
@@ -107,7 +113,9 @@ class QueueEntry(models.Model):
     options = models.JSONField(_("options"), default=dict, encoder=DjangoJSONEncoder)
     #: ``{pool name: slots}``; mirrored row by row in :class:`Demand`.
     demand = models.JSONField(_("demand"), default=dict)
-    state = models.CharField(_("state"), max_length=12, choices=EntryState.choices, default=EntryState.WAITING)
+    state = models.CharField(
+        _("state"), max_length=12, choices=EntryState.choices, default=EntryState.WAITING
+    )
     priority = models.IntegerField(_("priority"), default=0)
     enqueued_at = models.DateTimeField(_("enqueued at"))
     not_before = models.DateTimeField(_("not before"), null=True, blank=True)
@@ -116,7 +124,9 @@ class QueueEntry(models.Model):
     token = models.PositiveBigIntegerField(_("fencing token"), default=0)
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     worker = models.CharField(_("worker"), max_length=255, blank=True)
-    origin = models.CharField(_("origin"), max_length=10, choices=Origin.choices, default=Origin.CODE)
+    origin = models.CharField(
+        _("origin"), max_length=10, choices=Origin.choices, default=Origin.CODE
+    )
     root_id = models.CharField(_("workflow root id"), max_length=255, blank=True)
     parent_id = models.CharField(_("parent id"), max_length=255, blank=True)
     attempt = models.PositiveIntegerField(_("attempt"), default=0, help_text=_("Celery retries."))
@@ -162,10 +172,13 @@ class Demand(models.Model):
     objects = DemandQuerySet.as_manager()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["entry", "pool"], name="pools_demand_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["entry", "pool"], name="pools_demand_unique")
+        ]
         indexes = [
             models.Index(
-                fields=["pool", "state", "-priority", "enqueued_at", "entry"], name="pools_demand_line"
+                fields=["pool", "state", "-priority", "enqueued_at", "entry"],
+                name="pools_demand_line",
             ),
         ]
 

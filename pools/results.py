@@ -45,4 +45,4 @@ def report(item: Finished) -> None:
     reason = f"{item.state} while waiting for pool {item.pool!r}: {item.reason}"
     backend.mark_as_revoked(item.key, reason, request=request)
     if request.errbacks:
-        backend._call_task_errbacks(request, TaskRevokedError(reason), None)
+        backend._call_task_errbacks(request, TaskRevokedError(reason), None)  # type: ignore[attr-defined]

@@ -73,7 +73,10 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     if claim is None:
         logger.warning(
             "Skipping delivery of %s[%s]: claim %s:%s is stale or already used",
-            task.name, request.id, entry_id, token,
+            task.name,
+            request.id,
+            entry_id,
+            token,
         )
         leases.record_skipped(entry_id, request.id or "", token, "stale or repeated claim")
         raise Ignore()
@@ -91,7 +94,8 @@ def _enqueue_unclaimed(task: Any, request: Any) -> None:
     logger.warning(
         "%s[%s] arrived without a pool claim (sent around the gate, e.g. by send_task from a "
         "process that does not import the task); putting it in line instead of running it",
-        task.name, request.id,
+        task.name,
+        request.id,
     )
     options = request.as_execution_options()
     options.pop("task_id", None)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import time
 
-from celery import shared_task
+from celery import current_task, shared_task
 
 from pools import current_claim, pooled
+
+#: Pool of the gate acceptance test; created by the test itself (not in settings).
+ACCEPT_POOL = "accept3"
 
 
 @shared_task
@@ -31,3 +34,34 @@ def add(x: int, y: int) -> int:
 @pooled("partner-api")
 def tsum(values: list[int]) -> int:
     return sum(values)
+
+
+def _span(i: int, sleep: float) -> dict:
+    start = time.time()
+    time.sleep(sleep)
+    end = time.time()
+    claim = current_claim()
+    request = current_task.request if current_task else None
+    return {
+        "i": i,
+        "start": start,
+        "end": end,
+        "pid": os.getpid(),
+        "hostname": getattr(request, "hostname", None),
+        "key": getattr(request, "id", None),
+        "entry_id": claim.entry_id if claim else None,
+        "token": claim.token if claim else None,
+    }
+
+
+@shared_task
+@pooled(ACCEPT_POOL, slots=1)
+def span(i: int, sleep: float = 0.03) -> dict:
+    """Pooled on ``accept3``: sleep briefly, return when/where the body ran and its claim."""
+    return _span(i, sleep)
+
+
+@shared_task
+def free_span(i: int, sleep: float = 0.3) -> dict:
+    """The same body, not pooled: the control that shows the workers can overlap freely."""
+    return _span(i, sleep)

@@ -1,0 +1,82 @@
+"""``manage.py pools``: list, inspect, sync, cancel."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from pools import admission, definitions, snapshots
+from pools.exceptions import PoolError
+from pools.snapshots import PoolSnapshot
+
+
+def bar(held: int, slots: int, width: int = 20) -> str:
+    """A text occupancy bar such as ``[######--------------]``."""
+    filled = round(width * min(held, slots) / slots) if slots else 0
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def summary_line(s: PoolSnapshot) -> str:
+    """One line per pool: occupancy bar, held/slots, free, waiting."""
+    flag = " (paused)" if s.paused else ""
+    return (
+        f"{s.name:<20} {bar(s.held, s.slots)} {s.held}/{s.slots} held, {s.free} free, "
+        f"{s.waiting} waiting{flag}"
+    )
+
+
+class Command(BaseCommand):
+    help = "Inspect and manage resource pools: list, inspect NAME, sync, cancel KEY."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        sub.add_parser("list", help="One line per pool: capacity, held, waiting.")
+        inspect = sub.add_parser("inspect", help="Holders and the head of a pool's line.")
+        inspect.add_argument("name")
+        inspect.add_argument("--head", type=int, default=10, help="Waiting entries to show.")
+        sub.add_parser("sync", help="Create/update pools from POOLS['DEFINITIONS'].")
+        cancel = sub.add_parser("cancel", help="Cancel a waiting entry by key (task id).")
+        cancel.add_argument("key")
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        try:
+            getattr(self, f"do_{action}")(**options)
+        except PoolError as exc:
+            raise CommandError(str(exc)) from exc
+
+    def do_list(self, **options: Any) -> None:
+        snaps = snapshots.snapshot_all(head=0)
+        if not snaps:
+            self.stdout.write("No pools. Define them in POOLS['DEFINITIONS'] and run 'pools sync'.")
+        for s in snaps:
+            self.stdout.write(summary_line(s))
+
+    def do_inspect(self, name: str, head: int, **options: Any) -> None:
+        s = snapshots.snapshot(name, head=head)
+        self.stdout.write(summary_line(s))
+        self.stdout.write("holding:" if s.holders else "holding: nobody")
+        for h in s.holders:
+            self.stdout.write(
+                f"  #{h.queue_id} {h.task_name} {h.state} slots={h.slots} worker={h.worker or '-'} "
+                f"lease until {h.lease_expires_at:%H:%M:%S}" if h.lease_expires_at else ""
+            )
+        self.stdout.write("waiting:" if s.head else "waiting: nobody")
+        for w in s.head:
+            deadline = f" deadline {w.deadline:%Y-%m-%d %H:%M:%S}" if w.deadline else ""
+            self.stdout.write(
+                f"  {w.position}. #{w.queue_id} {w.task_name} priority={w.priority} "
+                f"slots={w.slots}{deadline}"
+            )
+
+    def do_sync(self, **options: Any) -> None:
+        report = definitions.sync()
+        self.stdout.write(
+            f"created: {', '.join(report.created) or '-'}; updated: "
+            f"{', '.join(report.updated) or '-'}; unchanged: {', '.join(report.unchanged) or '-'}"
+        )
+
+    def do_cancel(self, key: str, **options: Any) -> None:
+        entry = admission.cancel(key)
+        self.stdout.write(f"cancelled #{entry.queue_id} {entry.task_name} ({key})")

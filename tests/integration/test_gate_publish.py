@@ -1,0 +1,103 @@
+"""Publish side of the gate, in-process (memory broker): entries instead of messages."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from celery import signals
+from django.db import transaction
+from django.utils import timezone
+
+from pools.exceptions import PoolConfigurationError, UnknownPool
+from pools.models import EntryState, QueueEntry
+from tests.factories import make_pool
+from tests.testapp.tasks import add, record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def published():
+    """Headers of every message the gate really publishes."""
+    seen: list[dict] = []
+
+    def grab(sender=None, headers=None, **kwargs):
+        seen.append(dict(headers or {}))
+
+    signals.before_task_publish.connect(grab, weak=False)
+    yield seen
+    signals.before_task_publish.disconnect(grab)
+
+
+def test_delay__creates_entry_with_task_id_and_publishes_with_claim(published):
+    make_pool("warehouse", 1)
+    first = add.delay(1, 2)
+    second = add.delay(3, 4)
+    e1 = QueueEntry.objects.get(key=first.id)
+    e2 = QueueEntry.objects.get(key=second.id)
+    assert (e1.state, e2.state) == (EntryState.ADMITTED, EntryState.WAITING)
+    assert e2.args == [3, 4] and e2.task_name == add.name
+    assert [h.get("id") for h in published] == [first.id], "the waiting call is not published"
+    assert published[0]["pools_claim"] == f"{e1.queue_id}:{e1.token}"
+
+
+def test_apply_async__pool_options_and_countdown(published):
+    make_pool("warehouse", 1)
+    before = timezone.now()
+    result = record.apply_async((1,), countdown=60, pool_options={"priority": 9, "queue_timeout": 30})
+    entry = QueueEntry.objects.get(key=result.id)
+    assert entry.priority == 9
+    assert entry.not_before >= before + timedelta(seconds=59)
+    assert entry.deadline >= entry.not_before + timedelta(seconds=29)
+    assert entry.state == EntryState.WAITING, "an entry with a future ETA is not admitted yet"
+    assert "eta" not in entry.options and "countdown" not in entry.options
+    assert published == []
+
+
+def test_pool_options__refused_for_unpooled_task():
+    from tests.celery_app import app
+
+    with pytest.raises(PoolConfigurationError, match="not pooled"):
+        app.send_task("tests.not_pooled", pool_options={"priority": 1})
+
+
+def test_unknown_pool__raises_at_call(settings):
+    # A task pooled by name only (POOLS["TASKS"]) on a pool nobody defined.
+    settings.POOLS = {**settings.POOLS, "TASKS": {"tests.by_name": {"pools": "ghost"}}}
+    from tests.celery_app import app
+
+    with pytest.raises(UnknownPool, match="'ghost' does not exist"):
+        app.send_task("tests.by_name", (1,))
+    assert QueueEntry.objects.count() == 0
+
+
+def test_tasks_setting__pools_a_task_known_only_by_name(settings, published):
+    settings.POOLS = {**settings.POOLS, "TASKS": {"tests.by_name": {"pools": {"warehouse": 1}}}}
+    from tests.celery_app import app
+
+    result = app.send_task("tests.by_name", (1,))
+    assert QueueEntry.objects.get(key=result.id).demand == {"warehouse": 1}
+
+
+def test_non_json_arguments__clear_error():
+    make_pool("warehouse", 1)
+    with pytest.raises(PoolConfigurationError, match="JSON-serializable"):
+        add.delay(object(), 1)
+
+
+def test_delay_on_commit__enqueues_only_after_commit():
+    make_pool("warehouse", 1)
+    with transaction.atomic():
+        add.delay_on_commit(5, 6)
+        assert QueueEntry.objects.count() == 0
+    assert QueueEntry.objects.get().args == [5, 6]
+
+
+def test_rolled_back_enqueue__leaves_nothing(published):
+    make_pool("warehouse", 1)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        add.delay(1, 1)
+        raise RuntimeError("boom")
+    assert QueueEntry.objects.count() == 0
+    assert published == [], "no message for a claim that was rolled back"

@@ -1,0 +1,98 @@
+"""@pooled placements: below/above @app.task, bind=True, class-based, shared_task order."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery, Task, shared_task
+
+from pools import pooled
+from pools.decorators import spec_of
+from pools.exceptions import PoolConfigurationError
+
+
+@pytest.fixture
+def app():
+    app = Celery("unit", set_as_current=False)
+    app.conf.task_always_eager = False
+    return app
+
+
+def test_below_app_task__spec_visible_and_signature_kept(app):
+    @app.task
+    @pooled("warehouse", slots=2, priority=10)
+    def export(day: str, *, full: bool = False) -> str:
+        return day
+
+    assert spec_of(export).demand == {"warehouse": 2}
+    assert spec_of(export).priority == 10
+    # Celery's argument check still sees the real signature (functools.wraps).
+    with pytest.raises(TypeError):
+        export.apply_async(args=(), kwargs={"nope": 1})
+
+
+def test_below_app_task_bind__gets_self(app):
+    @app.task(bind=True)
+    @pooled("warehouse")
+    def bound(self, x):
+        return (self.name, x)
+
+    assert spec_of(bound).demand == {"warehouse": 1}
+    assert bound(3) == (bound.name, 3)  # a direct call runs the body in place
+
+
+def test_above_app_task__wraps_the_task(app):
+    @pooled({"a": 1, "b": 2})
+    @app.task
+    def multi(x):
+        return x * 2
+
+    assert spec_of(multi).demand == {"a": 1, "b": 2}
+    assert multi(2) == 4
+
+
+def test_above_lazy_app_task__applies_when_evaluated():
+    lazy = Celery("lazy", set_as_current=False)
+
+    @pooled("p")
+    @lazy.task
+    def later(x):
+        return x
+
+    lazy.finalize()
+    assert spec_of(lazy.tasks[later.name]).demand == {"p": 1}
+
+
+def test_class_based_task(app):
+    @pooled("warehouse", slots=1)
+    class Export(Task):
+        name = "unit.export"
+
+        def run(self, x):
+            return x + 1
+
+    task = app.register_task(Export())
+    assert spec_of(task).demand == {"warehouse": 1}
+    assert task(1) == 2
+
+
+def test_above_shared_task__fails_loudly_with_the_fix():
+    with pytest.raises(PoolConfigurationError, match="below @shared_task"):
+
+        @pooled("warehouse")
+        @shared_task
+        def wrong_order():
+            pass
+
+
+def test_twice__rejected(app):
+    with pytest.raises(PoolConfigurationError, match="twice"):
+
+        @pooled("a")
+        @pooled("b")
+        def f():
+            pass
+
+
+def test_bad_arguments__rejected_at_decoration():
+    with pytest.raises(PoolConfigurationError, match="positive integer"):
+        pooled("warehouse", slots=0)

@@ -1,0 +1,67 @@
+"""PoolSpec validation: bad decorator arguments fail early with an actionable message."""
+
+from __future__ import annotations
+
+import pytest
+
+from pools.exceptions import PoolConfigurationError
+from pools.specs import PoolSpec, validate_pool_name
+
+
+@pytest.mark.parametrize("name", ["warehouse", "partner-api", "tenant:42", "a.b_c", "9lives"])
+def test_validate_pool_name__accepts_valid(name):
+    assert validate_pool_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "-x", "has space", "x" * 101, 3, None, "ümlaut"])
+def test_validate_pool_name__rejects_invalid(name):
+    with pytest.raises(PoolConfigurationError, match="Invalid pool name"):
+        validate_pool_name(name)
+
+
+def test_build__single_pool():
+    spec = PoolSpec.build("warehouse", 2, priority=10, queue_timeout=1800)
+    assert spec.demand == {"warehouse": 2}
+    assert (spec.priority, spec.queue_timeout) == (10, 1800.0)
+
+
+def test_build__multi_pool_sorted_by_lock_order():
+    spec = PoolSpec.build({"warehouse": 1, "partner-api": 2})
+    assert list(spec.demand) == ["partner-api", "warehouse"]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        (("p", 0), {}, "positive integer"),
+        (("p", -1), {}, "positive integer"),
+        (("p", True), {}, "positive integer"),
+        (({},), {}, "at least one pool"),
+        (({"a": 1}, 2), {}, "inside the dict"),
+        (({"a": 0},), {}, "positive integer"),
+        ((["a"],), {}, "pool name or a"),
+        (("p",), {"priority": "high"}, "priority must be an integer"),
+        (("p",), {"queue_timeout": 0}, "queue_timeout must be a positive"),
+        (("p",), {"queue_timeout": -5}, "queue_timeout must be a positive"),
+    ],
+)
+def test_build__rejects_bad_arguments(args, kwargs, match):
+    with pytest.raises(PoolConfigurationError, match=match):
+        PoolSpec.build(*args, **kwargs)
+
+
+def test_with_call_options__overrides_priority_and_timeout():
+    spec = PoolSpec.build("p", priority=1).with_call_options({"priority": 7, "queue_timeout": 5})
+    assert (spec.priority, spec.queue_timeout) == (7, 5.0)
+
+
+def test_with_call_options__rejects_unknown_keys():
+    with pytest.raises(PoolConfigurationError, match="Unknown pool_options"):
+        PoolSpec.build("p").with_call_options({"prio": 1})
+
+
+def test_from_dict__settings_form():
+    spec = PoolSpec.from_dict({"pools": {"a": 1}, "priority": 3})
+    assert spec.demand == {"a": 1} and spec.priority == 3
+    with pytest.raises(PoolConfigurationError, match="expected keys"):
+        PoolSpec.from_dict({"pool": "a"})
