@@ -407,19 +407,23 @@ def _line_reaches(pool: Pool, count: int) -> bool:
     return Demand.objects.waiting().filter(pool_id=pool.pk).order_by()[count - 1 : count].exists()
 
 
-def settle(entry_id: int, token: int, outcome: str, *, reason: str = "") -> bool:
+def settle(
+    entry_id: int, token: int, outcome: str, *, reason: str = "", live_lease: bool = False
+) -> bool:
     """Finish a held attempt (exactly once per token), then admit the next entries.
 
-    Returns False, changing nothing, when the token is stale or the entry already settled.
+    Returns False, changing nothing, when the token is stale, the entry already settled,
+    or (``live_lease=True``, used by workers) its lease has already lapsed.
     """
     entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
     if entry is None:
         return False
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
-        changed = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES).update(
-            state=outcome, finished_at=now, lease_expires_at=None, reason=reason
-        )
+        claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES)
+        if live_lease:
+            claim = claim.filter(lease_expires_at__gte=now)
+        changed = claim.update(state=outcome, finished_at=now, lease_expires_at=None, reason=reason)
         if changed:
             Demand.objects.filter(entry_id=entry_id).update(state=outcome)
             entry.refresh_from_db(fields=["key", "token", "demand"])
@@ -480,3 +484,36 @@ def cancel(key: str, *, reason: str = "cancelled") -> QueueEntry:
         dispatch.after_commit(step.admissions, [*finished, *step.finished])
     entry.refresh_from_db()
     return entry
+
+
+def expire_due(now: datetime, *, limit: int = 500) -> int:
+    """Expire waiting entries whose deadline has passed (sweep); returns how many."""
+    rows = list(
+        QueueEntry.objects.waiting()
+        .filter(deadline__lt=now)
+        .order_by("deadline")
+        .values_list("queue_id", "demand")[:limit]
+    )
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for queue_id, demand in rows:
+        groups.setdefault(tuple(sorted(demand)), []).append(queue_id)
+    count = 0
+    for names, ids in groups.items():
+        with locked_pools(names) as pools:
+            entries = list(QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING))
+            finished = _finish_waiting(entries, EntryState.EXPIRED, now, reason="queue_timeout")
+            step = _admit_locked(pools, now)
+            dispatch.after_commit(step.admissions, [*finished, *step.finished])
+        count += len(entries)
+    return count
+
+
+def cancel_if_waiting(key: str, *, reason: str) -> bool:
+    """Cancel ``key`` if it is waiting; False (no error) otherwise. Used by ``revoke()``."""
+    if not QueueEntry.objects.waiting().filter(key=key).exists():
+        return False
+    try:
+        cancel(key, reason=reason)
+    except (EntryNotFound, NotCancellable):
+        return False
+    return True

@@ -24,6 +24,7 @@ class PoolsConfig(AppConfig):
 
 
 def _sync_after_migrate(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
-    from pools import definitions
+    from pools import beat, definitions
 
     definitions.sync()
+    beat.ensure_sweep_schedule()

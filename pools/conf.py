@@ -32,6 +32,12 @@ class PoolsSettings:
     LOCK_TIMEOUT_SECONDS: float = 5.0
     #: Dotted path of the callable that publishes admitted entries (Celery glue by default).
     PUBLISHER: str = "pools.gate.bridge"
+    #: Interval of the sweep periodic task (lapsed leases, deadlines, admission safety pass).
+    SWEEP_SECONDS: float = 5.0
+    #: How long finished entries and events are kept for the UI before the sweep prunes them.
+    RETENTION_SECONDS: float = 86400.0
+    #: A worker node with no heartbeat for this long is considered gone.
+    NODE_TIMEOUT_SECONDS: float = 60.0
     #: Task names that are pooled even where the decorator is not imported
     #: (``send_task`` callers): ``{"app.tasks.export": {"pools": {"warehouse": 2}}}``.
     TASKS: dict[str, dict[str, Any]]

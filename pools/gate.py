@@ -54,6 +54,28 @@ def install() -> None:
         return
     _original_send_task = celery_base.Celery.send_task
     celery_base.Celery.send_task = _gated_send_task  # type: ignore[method-assign,assignment]
+    _install_revoke_hook()
+
+
+_original_revoke: Callable[..., Any] | None = None
+
+
+def _install_revoke_hook() -> None:
+    """``AsyncResult.revoke()`` / ``app.control.revoke()`` also cancel waiting entries."""
+    global _original_revoke
+    from celery.app import control
+
+    _original_revoke = control.Control.revoke
+
+    def revoke(self: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        from pools import admission
+
+        for key in [task_id] if isinstance(task_id, str) else list(task_id or ()):
+            admission.cancel_if_waiting(key, reason="revoked")
+        assert _original_revoke is not None
+        return _original_revoke(self, task_id, *args, **kwargs)
+
+    control.Control.revoke = revoke  # type: ignore[method-assign]
 
 
 def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:

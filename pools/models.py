@@ -142,6 +142,8 @@ class QueueEntry(models.Model):
         verbose_name_plural = _("queue entries")
         indexes = [
             models.Index(fields=["state", "lease_expires_at"], name="pools_entry_state_lease"),
+            models.Index(fields=["state", "deadline"], name="pools_entry_state_deadline"),
+            models.Index(fields=["state", "finished_at"], name="pools_entry_state_finished"),
             models.Index(fields=["root_id"], name="pools_entry_root"),
         ]
 
@@ -222,3 +224,20 @@ class PoolEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%H:%M:%S} {self.kind} {self.pool} #{self.entry_id}"
+
+
+class WorkerNode(models.Model):
+    """A worker (Celery hostname) and when it was last seen alive."""
+
+    hostname = models.CharField(_("hostname"), max_length=255, unique=True)
+    pid = models.PositiveIntegerField(_("pid"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started at"))
+    last_seen = models.DateTimeField(_("last seen"), db_index=True)
+
+    class Meta:
+        ordering = ["hostname"]
+        verbose_name = _("worker node")
+        verbose_name_plural = _("worker nodes")
+
+    def __str__(self) -> str:
+        return self.hostname

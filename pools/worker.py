@@ -20,6 +20,8 @@ from celery import current_task, signals
 from celery.exceptions import Ignore
 
 from pools import leases
+from pools.exceptions import LeaseLost
+from pools.keeper import keeper
 from pools.leases import Claim
 
 logger = logging.getLogger("pools.worker")
@@ -80,11 +82,18 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         )
         leases.record_skipped(entry_id, request.id or "", token, "stale or repeated claim")
         raise Ignore()
+    keeper.hold(claim)
     with _claims_lock:
         _claims[request.id] = claim
     _local.claim = claim
     try:
         return fn(*args, **kwargs)
+    except LeaseLost:
+        if keeper.is_lost(claim.entry_id):
+            # Our slots may already be re-issued: store no result; the entry runs again.
+            logger.warning("%s[%s] stopped: lease lost", task.name, request.id)
+            raise Ignore() from None
+        raise
     finally:
         _local.claim = None
 
@@ -115,8 +124,81 @@ def _settle_after_run(
         return
     from pools import admission
 
-    outcome = OUTCOMES.get(state or "", "failed")
+    lost, expires_at = keeper.release(claim.entry_id)
     try:
-        admission.settle(claim.entry_id, claim.token, outcome)
+        if lost:
+            admission.requeue(claim.entry_id, claim.token, reason="lease lost")
+            return
+        outcome = OUTCOMES.get(state or "", "failed")
+        try:
+            admission.settle(claim.entry_id, claim.token, outcome, live_lease=True)
+        except Exception:
+            logger.exception("Could not settle entry %s; retrying from the keeper", claim.entry_id)
+            keeper.defer_settle(claim, outcome, expires_at or claim.lease_expires_at)
     except Exception:
-        logger.exception("Could not settle entry %s; its lease will lapse", claim.entry_id)
+        logger.exception("Could not release entry %s; its lease will lapse", claim.entry_id)
+
+
+@signals.task_revoked.connect(dispatch_uid="pools.worker.revoked")
+def _release_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+    """A revoked/terminated/expired delivery (worker main process) gives its slots back."""
+    if request is None:
+        return
+    raw = (getattr(request, "headers", None) or {}).get("pools_claim") or getattr(
+        request, "pools_claim", None
+    )
+    parsed = parse_claim(raw)
+    if parsed is None:
+        return
+    from pools import admission
+
+    try:
+        admission.settle(parsed[0], parsed[1], "cancelled", reason="revoked")
+    except Exception:
+        logger.exception("Could not release revoked entry %s; its lease will lapse", parsed[0])
+
+
+class _NodeHeartbeat(threading.Thread):
+    def __init__(self, hostname: str) -> None:
+        super().__init__(name="pools-node-heartbeat", daemon=True)
+        self.hostname = hostname
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        from django.db import connection
+
+        from pools import conf, nodes
+
+        while not self.stopped.is_set():
+            try:
+                nodes.beat(self.hostname)
+            except Exception:
+                logger.warning("worker heartbeat for %s failed", self.hostname, exc_info=True)
+                connection.close()
+            self.stopped.wait(conf.get().heartbeat_seconds)
+
+
+_heartbeat: _NodeHeartbeat | None = None
+
+
+@signals.worker_ready.connect(dispatch_uid="pools.worker.ready")
+def _start_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
+    """Record this worker as live while it runs (node affinity, UI)."""
+    global _heartbeat
+    hostname = getattr(sender, "hostname", None)
+    if hostname and _heartbeat is None:
+        _heartbeat = _NodeHeartbeat(hostname)
+        _heartbeat.start()
+
+
+@signals.worker_shutdown.connect(dispatch_uid="pools.worker.shutdown")
+def _stop_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
+    if _heartbeat is None:
+        return
+    _heartbeat.stopped.set()
+    from pools import nodes
+
+    try:
+        nodes.gone(_heartbeat.hostname)
+    except Exception:
+        logger.debug("could not remove node row", exc_info=True)

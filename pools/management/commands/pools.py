@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pools import admission, definitions, snapshots
+from pools import admission, definitions, snapshots, sweeps
 from pools.exceptions import PoolError
 from pools.snapshots import PoolSnapshot
 
@@ -28,7 +28,7 @@ def summary_line(s: PoolSnapshot) -> str:
 
 
 class Command(BaseCommand):
-    help = "Inspect and manage resource pools: list, inspect NAME, sync, cancel KEY."
+    help = "Inspect and manage resource pools: list, inspect NAME, sync, sweep, cancel KEY."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -39,6 +39,7 @@ class Command(BaseCommand):
         sub.add_parser("sync", help="Create/update pools from POOLS['DEFINITIONS'].")
         cancel = sub.add_parser("cancel", help="Cancel a waiting entry by key (task id).")
         cancel.add_argument("key")
+        sub.add_parser("sweep", help="Run one sweep pass (lapsed leases, deadlines, admission).")
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
@@ -60,7 +61,9 @@ class Command(BaseCommand):
         for h in s.holders:
             self.stdout.write(
                 f"  #{h.queue_id} {h.task_name} {h.state} slots={h.slots} worker={h.worker or '-'} "
-                f"lease until {h.lease_expires_at:%H:%M:%S}" if h.lease_expires_at else ""
+                f"lease until {h.lease_expires_at:%H:%M:%S}"
+                if h.lease_expires_at
+                else ""
             )
         self.stdout.write("waiting:" if s.head else "waiting: nobody")
         for w in s.head:
@@ -75,6 +78,12 @@ class Command(BaseCommand):
         self.stdout.write(
             f"created: {', '.join(report.created) or '-'}; updated: "
             f"{', '.join(report.updated) or '-'}; unchanged: {', '.join(report.unchanged) or '-'}"
+        )
+
+    def do_sweep(self, **options: Any) -> None:
+        r = sweeps.sweep()
+        self.stdout.write(
+            f"requeued {r.requeued}, expired {r.expired}, admitted {r.admitted}, pruned {r.pruned}"
         )
 
     def do_cancel(self, key: str, **options: Any) -> None:

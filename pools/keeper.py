@@ -1,0 +1,253 @@
+"""The lease keeper: one daemon thread per worker process that renews running claims.
+
+Every ``heartbeat_seconds`` (a third of the lease by default) it renews each claim
+held in this process with its fencing token. When a renewal is refused (the entry
+was re-queued, its token moved on) or cannot be confirmed before the lease would
+lapse (database unreachable), the claim is *lost*: the task body is interrupted
+with :class:`~pools.exceptions.LeaseLost` so a partitioned worker stops before
+its slots can be re-issued.
+
+How the body is interrupted depends on where it runs:
+
+* main thread of its process (prefork children, ``solo``): a ``SIGUSR2`` handler
+  raises ``LeaseLost``; a signal also breaks out of ``time.sleep`` and blocking I/O;
+* any other thread (``threads`` pool): ``PyThreadState_SetAsyncExc`` raises it at
+  the next Python bytecode (not inside a long C call). CPython only.
+* gevent/eventlet: not interrupted (documented); the fencing token still fences writes.
+
+Completions that could not be written (database down) are kept and retried on
+each pass until they land or the lease would have lapsed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, connection
+from django.utils import timezone
+
+from pools import conf, leases
+from pools.exceptions import LeaseLost
+from pools.leases import Claim
+
+logger = logging.getLogger("pools.keeper")
+
+INTERRUPT_SIGNAL = signal.SIGUSR2
+
+
+@dataclass(kw_only=True)
+class _Held:
+    claim: Claim
+    thread_id: int
+    expires_at: datetime
+    lost: bool = False
+
+
+@dataclass(kw_only=True)
+class _PendingSettle:
+    claim: Claim
+    outcome: str
+    expires_at: datetime
+    attempts: int = field(default=0)
+
+
+class LeaseKeeper:
+    """Renews the claims of this process; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, _Held] = {}
+        self._pending: list[_PendingSettle] = []
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._stopping = False
+        #: Testing hook: when set, renewals fail as if the database were unreachable.
+        self.partitioned = False
+
+    # ------------------------------------------------------------------ task side
+    def hold(self, claim: Claim) -> None:
+        """Start renewing ``claim`` for the body running in the calling thread."""
+        if threading.current_thread() is threading.main_thread():
+            _install_signal_handler()
+        with self._lock:
+            self._held[claim.entry_id] = _Held(
+                claim=claim, thread_id=threading.get_ident(), expires_at=claim.lease_expires_at
+            )
+        self._ensure_thread()
+
+    def release(self, entry_id: int) -> tuple[bool, datetime | None]:
+        """Stop renewing; returns (lost meanwhile?, when the lease lapses)."""
+        with self._lock:
+            held = self._held.pop(entry_id, None)
+        _doomed.discard(threading.get_ident())  # a late signal must not hit the next task
+        if held is None:
+            return False, None
+        return held.lost, held.expires_at
+
+    def is_lost(self, entry_id: int) -> bool:
+        """True if the claim of ``entry_id`` was lost."""
+        with self._lock:
+            held = self._held.get(entry_id)
+            return bool(held and held.lost)
+
+    def defer_settle(self, claim: Claim, outcome: str, expires_at: datetime) -> None:
+        """Keep a completion the worker could not write; retried on every pass."""
+        with self._lock:
+            self._pending.append(
+                _PendingSettle(claim=claim, outcome=outcome, expires_at=expires_at)
+            )
+        self._ensure_thread()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ keeper thread
+    def _ensure_thread(self) -> None:
+        # After a fork (prefork children) the parent's thread does not exist here.
+        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name="pools-lease-keeper", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the keeper thread (tests, worker shutdown); it closes its connection."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._thread = None
+
+    def _run(self) -> None:
+        self._stopping = False
+        try:
+            while not self._stopping:
+                self._wake.wait(conf.get().heartbeat_seconds)
+                self._wake.clear()
+                if self._stopping:
+                    break
+                try:
+                    self.renew_all()
+                    self.retry_settles()
+                except Exception:  # the keeper must never die
+                    logger.exception("lease keeper pass failed")
+                with self._lock:
+                    idle = not self._held and not self._pending
+                if idle:  # an idle worker holds no database connection
+                    _reset_connection()
+        finally:
+            _reset_connection()
+
+    def renew_all(self) -> None:
+        """One renewal pass over every held claim."""
+        with self._lock:
+            held = [h for h in self._held.values() if not h.lost]
+        interval = conf.get().heartbeat_seconds
+        for h in held:
+            try:
+                if self.partitioned:
+                    raise DatabaseError("simulated partition (pools.testing)")
+                until = leases.renew(h.claim.entry_id, h.claim.token)
+            except DatabaseError as exc:
+                _reset_connection()
+                # Interrupt while there is still time: the next pass would be too late.
+                left = (h.expires_at - timezone.now()).total_seconds()
+                if left < interval + 1:
+                    self._lose(h, f"renewal failed ({exc}) with {left:.1f}s of lease left")
+                continue
+            if until is None:
+                self._lose(h, "renewal refused: the entry was re-queued or settled elsewhere")
+            else:
+                h.expires_at = until
+
+    def retry_settles(self) -> None:
+        """Write deferred completions; drop those whose lease has lapsed."""
+        from pools import admission
+
+        with self._lock:
+            pending, self._pending = self._pending, []
+        keep: list[_PendingSettle] = []
+        for p in pending:
+            if timezone.now() >= p.expires_at:
+                logger.warning(
+                    "Completion of entry %s was not written before its lease lapsed; it will run again",
+                    p.claim.entry_id,
+                )
+                continue
+            try:
+                if self.partitioned:
+                    raise DatabaseError("simulated partition (pools.testing)")
+                admission.settle(p.claim.entry_id, p.claim.token, p.outcome, live_lease=True)
+            except Exception:
+                _reset_connection()
+                p.attempts += 1
+                keep.append(p)
+        if keep:
+            with self._lock:
+                self._pending.extend(keep)
+
+    def _lose(self, held: _Held, why: str) -> None:
+        with self._lock:
+            if held.lost:
+                return
+            held.lost = True
+        logger.warning("Lease of entry %s lost: %s; stopping its body", held.claim.entry_id, why)
+        _interrupt(held.thread_id)
+
+
+def _reset_connection() -> None:
+    try:
+        connection.close()
+    except Exception:
+        logger.debug("closing the keeper's connection failed", exc_info=True)
+
+
+#: Threads whose body must be stopped; read by the signal handler.
+_doomed: set[int] = set()
+
+
+def _interrupt(thread_id: int) -> None:
+    if thread_id == threading.main_thread().ident:
+        _doomed.add(thread_id)
+        os.kill(os.getpid(), INTERRUPT_SIGNAL)
+        return
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost))
+
+
+def _on_interrupt_signal(signum: int, frame: Any) -> None:
+    ident = threading.get_ident()
+    if ident in _doomed:
+        _doomed.discard(ident)
+        raise LeaseLost("the lease of this task's claim was lost; its slots may be re-issued")
+
+
+_handler_installed = False
+
+
+def _install_signal_handler() -> None:
+    global _handler_installed
+    if _handler_installed and signal.getsignal(INTERRUPT_SIGNAL) is _on_interrupt_signal:
+        return
+    signal.signal(INTERRUPT_SIGNAL, _on_interrupt_signal)
+    _handler_installed = True
+
+
+#: The process-wide keeper.
+keeper = LeaseKeeper()
+
+
+def wait_idle(timeout: float = 5.0) -> None:
+    """Testing helper: wait until no deferred completion is pending."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with keeper._lock:
+            if not keeper._pending:
+                return
+        time.sleep(0.05)

@@ -1,0 +1,19 @@
+"""Celery tasks shipped with the app (found by ``app.autodiscover_tasks()``)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from pools import sweeps
+
+
+@shared_task(name="pools.sweep", ignore_result=True)
+def sweep() -> dict[str, int]:
+    """One sweep pass; scheduled by celery-beat every ``POOLS['SWEEP_SECONDS']``."""
+    report = sweeps.sweep()
+    return {
+        "requeued": report.requeued,
+        "expired": report.expired,
+        "admitted": report.admitted,
+        "pruned": report.pruned,
+    }

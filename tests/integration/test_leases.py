@@ -1,0 +1,190 @@
+"""Leases: start/renew by fencing token, lapsed-lease recovery, deadlines, the keeper."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from pools import admission, leases, sweeps
+from pools.exceptions import LeaseLost
+from pools.keeper import LeaseKeeper
+from pools.models import EntryState, QueueEntry
+from tests.factories import make_pool, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def lapse(key: str) -> None:
+    QueueEntry.objects.filter(key=key).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+
+
+def test_start__compare_and_set_once_per_token(recorder):
+    make_pool("p", 1)
+    submit(key="a")
+    adm = recorder.admissions[0]
+    assert leases.start(adm.entry_id, adm.token, worker="w1") is not None
+    assert leases.start(adm.entry_id, adm.token, worker="w2") is None, "duplicate delivery"
+    assert leases.start(adm.entry_id, adm.token - 1, worker="w3") is None, "stale token"
+    assert QueueEntry.objects.get(key="a").worker == "w1"
+
+
+def test_renew__refused_for_stale_token(recorder):
+    make_pool("p", 1)
+    submit(key="a")
+    adm = recorder.admissions[0]
+    assert leases.renew(adm.entry_id, adm.token) is not None
+    assert leases.renew(adm.entry_id, adm.token + 1) is None
+
+
+def test_sweep__lapsed_lease_returns_entry_to_its_place(recorder):
+    make_pool("p", 1)
+    submit(key="first", priority=5)
+    submit(key="second", priority=1)
+    first = recorder.admissions[0]
+    leases.start(first.entry_id, first.token, worker="dead-worker")
+    lapse("first")
+    report = sweeps.sweep()
+    assert report.requeued == 1
+    # Back in line ahead of 'second' (same priority and enqueue time) and admitted again.
+    assert recorder.keys() == ["first", "first"]
+    again = QueueEntry.objects.get(key="first")
+    assert again.state == EntryState.ADMITTED and again.token == first.token + 1
+    # The dead worker's late completion carries the old token and is ignored.
+    assert not admission.settle(first.entry_id, first.token, "succeeded")
+    assert QueueEntry.objects.get(key="second").state == EntryState.WAITING
+
+
+def test_sweep__lapsed_lease_past_deadline_expires(recorder):
+    make_pool("p", 1)
+    submit(key="a", queue_timeout=60)
+    QueueEntry.objects.filter(key="a").update(deadline=timezone.now() - timedelta(seconds=1))
+    lapse("a")
+    sweeps.sweep()
+    assert QueueEntry.objects.get(key="a").state == EntryState.EXPIRED
+    assert [f.key for f in recorder.finished] == ["a"]
+
+
+def test_sweep__expires_waiting_entries_past_deadline_anywhere_in_line(recorder):
+    make_pool("p", 1)
+    submit(key="holder")
+    submit(key="w1")
+    submit(key="w2", queue_timeout=60)
+    QueueEntry.objects.filter(key="w2").update(deadline=timezone.now() - timedelta(seconds=1))
+    assert sweeps.sweep().expired == 1
+    assert QueueEntry.objects.get(key="w2").state == EntryState.EXPIRED
+    assert QueueEntry.objects.get(key="w1").state == EntryState.WAITING
+
+
+def test_settle_live_lease__refused_after_lapse(recorder):
+    make_pool("p", 1)
+    submit(key="a")
+    adm = recorder.admissions[0]
+    lapse("a")
+    assert not admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
+    assert admission.settle(adm.entry_id, adm.token, "succeeded")
+
+
+def test_sweep__prunes_old_terminal_entries(recorder, settings):
+    make_pool("p", 1)
+    submit(key="a")
+    adm = recorder.admissions[0]
+    admission.settle(adm.entry_id, adm.token, "succeeded")
+    QueueEntry.objects.filter(key="a").update(finished_at=timezone.now() - timedelta(days=30))
+    assert sweeps.sweep().pruned == 1
+    assert not QueueEntry.objects.filter(key="a").exists()
+
+
+def test_sweep_is_registered_with_celery_beat():
+    from django_celery_beat.models import PeriodicTask
+
+    task = PeriodicTask.objects.get(name="pools: sweep")
+    assert task.task == "pools.sweep" and task.enabled
+    assert task.interval.every == 5
+
+
+def test_sweep_command__prints_report(recorder, capsys):
+    make_pool("p", 1)
+    call_command("pools", "sweep")
+    assert "requeued 0, expired 0" in capsys.readouterr().out
+
+
+@pytest.fixture
+def short_lease(settings):
+    settings.POOLS = {**settings.POOLS, "LEASE_SECONDS": 1.5, "HEARTBEAT_SECONDS": 0.25}
+
+
+@pytest.fixture
+def keeper():
+    k = LeaseKeeper()
+    yield k
+    k.stop()
+
+
+def test_keeper__partition_interrupts_main_thread_body_before_lapse(recorder, short_lease, keeper):
+    make_pool("p", 1)
+    submit(key="a")
+    adm = recorder.admissions[0]
+    claim = leases.start(adm.entry_id, adm.token, worker="w")
+    keeper.hold(claim)
+    keeper.partitioned = True
+    started = time.monotonic()
+    with pytest.raises(LeaseLost):
+        time.sleep(10)  # a signal breaks the sleep
+    elapsed = time.monotonic() - started
+    lost, expires_at = keeper.release(claim.entry_id)
+    assert lost
+    assert timezone.now() < expires_at, "the body must stop before the lease lapses"
+    assert elapsed < 1.5
+
+
+def test_keeper__refused_renewal_interrupts_thread_body(recorder, short_lease, keeper):
+    make_pool("p", 1)
+    submit(key="a")
+    adm = recorder.admissions[0]
+    outcome: dict[str, object] = {}
+    ready = threading.Event()
+
+    def body() -> None:
+        claim = leases.start(adm.entry_id, adm.token, worker="w")
+        keeper.hold(claim)
+        ready.set()
+        try:
+            for _ in range(400):
+                time.sleep(0.01)
+            outcome["result"] = "ran to the end"
+        except LeaseLost:
+            outcome["result"] = "lease lost"
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    assert ready.wait(5)
+    # Another party takes the entry back (as the sweep would after a lapse).
+    assert admission.requeue(adm.entry_id, adm.token, reason="test")
+    thread.join(10)
+    assert outcome.get("result") == "lease lost"
+
+
+def test_keeper__deferred_completion_lands_when_database_returns(recorder, short_lease, keeper):
+    make_pool("p", 1)
+    submit(key="a")
+    submit(key="b")
+    adm = recorder.admissions[0]
+    claim = leases.start(adm.entry_id, adm.token, worker="w")
+    keeper.partitioned = True
+    keeper.defer_settle(claim, "succeeded", claim.lease_expires_at)
+    keeper.retry_settles()
+    assert QueueEntry.objects.get(key="a").state == EntryState.RUNNING
+    keeper.partitioned = False
+    keeper.retry_settles()
+    assert QueueEntry.objects.get(key="a").state == EntryState.SUCCEEDED
+    assert recorder.keys() == ["a", "b"]
