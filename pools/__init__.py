@@ -56,11 +56,11 @@ def pooled(*args: Any, **kwargs: Any) -> Any:
     return _pooled(*args, **kwargs)
 
 
-def cancel(key: str) -> QueueEntry:
+def cancel(key: str, *, terminate: bool = False) -> QueueEntry:
     """Cancel the waiting entry with ``key`` (a Celery task id); see :func:`pools.admission.cancel`."""
     from pools import admission
 
-    return admission.cancel(key)
+    return admission.cancel(key, terminate=terminate)
 
 
 def current_claim() -> Claim | None:

@@ -459,11 +459,13 @@ def requeue(entry_id: int, token: int, *, reason: str) -> bool:
     return True
 
 
-def cancel(key: str, *, reason: str = "cancelled") -> QueueEntry:
-    """Cancel the waiting entry with ``key``; its result becomes a revocation.
+def cancel(key: str, *, reason: str = "cancelled", terminate: bool = False) -> QueueEntry:
+    """Cancel the entry with ``key``: a waiting one now (its result becomes a revocation).
 
+    With ``terminate=True`` an admitted or running entry is revoked in Celery
+    (``revoke(terminate=True)``); its slots are freed once the worker has stopped it.
     Raises :class:`EntryNotFound` for an unknown key and :class:`NotCancellable`
-    when the entry is already running or finished.
+    when the entry is finished, or running and ``terminate`` is false.
     """
     entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").first()
     if entry is None:
@@ -471,13 +473,17 @@ def cancel(key: str, *, reason: str = "cancelled") -> QueueEntry:
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
         entry.refresh_from_db()
+        if entry.state in HELD_STATES and terminate:
+            transaction.on_commit(lambda: dispatch.bridge().terminate(key))
+            return entry
         if entry.state != EntryState.WAITING:
-            verb = (
-                "is already running" if entry.state in HELD_STATES else f"is already {entry.state}"
-            )
+            pool = next(iter(entry.demand))
+            if entry.state in HELD_STATES:
+                why = "is already running; pass terminate=True to stop it"
+            else:
+                why = f"is already {entry.state}"
             raise NotCancellable(
-                f"Entry {key!r} in pool {next(iter(entry.demand))!r} {verb}; only waiting "
-                f"entries can be cancelled."
+                f"Entry {key!r} in pool {pool!r} {why}; only waiting entries can be cancelled."
             )
         finished = _finish_waiting([entry], EntryState.CANCELLED, now, reason=reason)
         step = _admit_locked(pools, now)

@@ -28,6 +28,9 @@ class Bridge(Protocol):
     def report_finished(self, finished: Sequence[Finished]) -> None:
         """Record the outcome of entries that ended without running (expired, cancelled)."""
 
+    def terminate(self, key: str) -> None:
+        """Stop the admitted or running task ``key`` wherever it is."""
+
 
 def bridge() -> Bridge:
     """The configured bridge object (a module or an object with the two methods)."""

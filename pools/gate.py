@@ -217,6 +217,12 @@ class CeleryBridge:
             except Exception:
                 logger.exception("Could not store the result of entry %s", item.entry_id)
 
+    def terminate(self, key: str) -> None:
+        """Revoke with terminate; the worker's ``task_revoked`` settles the claim."""
+        from celery import current_app
+
+        current_app.control.revoke(key, terminate=True)
+
 
 #: The bridge named by the default ``POOLS["PUBLISHER"]``.
 bridge = CeleryBridge()

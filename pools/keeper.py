@@ -218,7 +218,9 @@ def _interrupt(thread_id: int) -> None:
         _doomed.add(thread_id)
         os.kill(os.getpid(), INTERRUPT_SIGNAL)
         return
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost))
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost)
+    )
 
 
 def _on_interrupt_signal(signum: int, frame: Any) -> None:

@@ -13,6 +13,7 @@ class RecordingBridge:
     def __init__(self) -> None:
         self.admissions: list[Admission] = []
         self.finished: list[Finished] = []
+        self.terminated: list[str] = []
 
     def publish(self, admissions: Sequence[Admission]) -> None:
         self.admissions.extend(admissions)
@@ -20,12 +21,16 @@ class RecordingBridge:
     def report_finished(self, finished: Sequence[Finished]) -> None:
         self.finished.extend(finished)
 
+    def terminate(self, key: str) -> None:
+        self.terminated.append(key)
+
     def keys(self) -> list[str]:
         return [a.key for a in self.admissions]
 
     def reset(self) -> None:
         self.admissions.clear()
         self.finished.clear()
+        self.terminated.clear()
 
 
 recorder = RecordingBridge()

@@ -188,3 +188,15 @@ def test_keeper__deferred_completion_lands_when_database_returns(recorder, short
     keeper.retry_settles()
     assert QueueEntry.objects.get(key="a").state == EntryState.SUCCEEDED
     assert recorder.keys() == ["a", "b"]
+
+
+def test_cancel_terminate__revokes_running_entry(recorder):
+    make_pool("p", 1)
+    submit(key="a")
+    from pools import NotCancellable, cancel
+
+    with pytest.raises(NotCancellable, match="terminate=True"):
+        cancel("a")
+    entry = cancel("a", terminate=True)
+    assert entry.state == EntryState.ADMITTED, "slots are freed once the worker stopped it"
+    assert recorder.terminated == ["a"]
