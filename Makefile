@@ -27,7 +27,7 @@ lint: install
 	PYTHONPATH=. DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/django-admin makemigrations --check --dry-run pools
 
 docs: install
-	$(BIN)/mkdocs build --strict --quiet --site-dir .site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 test-sqlite: install
 	POOLS_TEST_DB=sqlite $(BIN)/pytest -q -m "not postgres" tests/unit tests/integration

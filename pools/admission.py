@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
@@ -128,13 +128,15 @@ def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
         with transaction.atomic():
             if connection.vendor == "postgresql":
                 bound_ms = int(conf.get().LOCK_TIMEOUT_SECONDS * 1000)
-                with connection.cursor() as cursor:
+                with connection.cursor() as cursor:  # bound every lock wait and statement
                     cursor.execute(
                         "SET LOCAL lock_timeout = %s; SET LOCAL statement_timeout = %s",
                         [f"{bound_ms}ms", f"{bound_ms}ms"],
                     )
             pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
             yield {p.name: p for p in pools}
+    except (IntegrityError, ProgrammingError):
+        raise  # a bug or a schema problem, not an outage: do not disguise it
     except DatabaseError as exc:
         raise PoolUnavailable(f"pool state is unavailable: {exc}".strip()) from exc
 
@@ -435,10 +437,12 @@ def settle(
     return bool(changed)
 
 
-def requeue(entry_id: int, token: int, *, reason: str) -> bool:
+def requeue(entry_id: int, token: int, *, reason: str, admit: bool = True) -> bool:
     """Put a held entry back in line (same place), or expire it if its deadline passed.
 
-    Used when a publish fails or a lease lapses. Returns False for a stale token.
+    Used when a lease lapses or is lost, and when a publish fails; then ``admit=False``
+    leaves re-admission to the next settle or sweep, so a broker outage cannot turn
+    into a publish loop. Returns False for a stale token.
     """
     entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
     if entry is None:
@@ -453,9 +457,10 @@ def requeue(entry_id: int, token: int, *, reason: str) -> bool:
         )
         Demand.objects.filter(entry_id=entry_id).update(state=EntryState.WAITING)
         events.record(EventKind.REQUEUED, [entry], at=now, detail={"reason": reason})
-        # The pass expires it if its deadline is gone, or admits it again.
-        step = _admit_locked(pools, now)
-        dispatch.after_commit(step.admissions, step.finished)
+        if admit:
+            # The pass expires it if its deadline is gone, or admits it again.
+            step = _admit_locked(pools, now)
+            dispatch.after_commit(step.admissions, step.finished)
     return True
 
 

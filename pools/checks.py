@@ -8,6 +8,7 @@ from django.core.checks import CheckMessage, Error, Warning, register
 from django.db import connections
 
 from pools.exceptions import PoolConfigurationError
+from pools.specs import PoolSpec
 
 
 @register()
@@ -25,8 +26,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             definitions.parse(name, raw)
         except PoolConfigurationError as exc:
             errors.append(Error(str(exc), id="pools.E002", hint="Fix POOLS['DEFINITIONS']."))
-    if conf.get().LEASE_SECONDS <= 0:
-        errors.append(Error("POOLS['LEASE_SECONDS'] must be positive.", id="pools.E003"))
+    for name, declared in sorted(conf.get().TASKS.items()):
+        try:
+            PoolSpec.from_dict(declared)
+        except PoolConfigurationError as exc:
+            errors.append(Error(f"POOLS['TASKS'][{name!r}]: {exc}", id="pools.E003"))
+    settings_ = conf.get()
+    if settings_.heartbeat_seconds >= settings_.LEASE_SECONDS:
+        errors.append(
+            Error(
+                "POOLS['HEARTBEAT_SECONDS'] must be shorter than POOLS['LEASE_SECONDS'].",
+                id="pools.E004",
+                hint="Leave HEARTBEAT_SECONDS unset (a third of the lease) or lower it.",
+            )
+        )
     return errors
 
 

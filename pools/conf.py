@@ -26,8 +26,6 @@ class PoolsSettings:
     LEASE_SECONDS: float = 30.0
     #: How often a running task renews its lease; ``None`` means a third of the lease.
     HEARTBEAT_SECONDS: float | None = None
-    #: Pool priority of a pooled task that names none.
-    DEFAULT_PRIORITY: int = 0
     #: Bound, in seconds, on any pool operation's lock wait (PostgreSQL ``lock_timeout``).
     LOCK_TIMEOUT_SECONDS: float = 5.0
     #: Dotted path of the callable that publishes admitted entries (Celery glue by default).
@@ -49,6 +47,14 @@ class PoolsSettings:
 
 
 _DICT_KEYS = {"DEFINITIONS", "TASKS"}
+_POSITIVE_NUMBERS = {
+    "LEASE_SECONDS",
+    "HEARTBEAT_SECONDS",
+    "LOCK_TIMEOUT_SECONDS",
+    "SWEEP_SECONDS",
+    "RETENTION_SECONDS",
+    "NODE_TIMEOUT_SECONDS",
+}
 _KNOWN = {f.name for f in fields(PoolsSettings)}
 _cached: PoolsSettings | None = None
 
@@ -56,7 +62,9 @@ _cached: PoolsSettings | None = None
 def _load() -> PoolsSettings:
     from pools.exceptions import PoolConfigurationError
 
-    raw = getattr(django_settings, "POOLS", None) or {}
+    raw = getattr(django_settings, "POOLS", None)
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict):
         raise PoolConfigurationError(
             "settings.POOLS must be a dict, e.g. POOLS = {'DEFINITIONS': {...}}."
@@ -67,7 +75,19 @@ def _load() -> PoolsSettings:
             f"Unknown key(s) in settings.POOLS: {', '.join(unknown)}. "
             f"Known keys: {', '.join(sorted(_KNOWN))}."
         )
-    values: dict[str, Any] = {k: dict(raw.get(k) or {}) for k in _DICT_KEYS}
+    values: dict[str, Any] = {}
+    for key in _DICT_KEYS:
+        value = raw.get(key) or {}
+        if not isinstance(value, dict):
+            raise PoolConfigurationError(f"settings.POOLS[{key!r}] must be a dict, got {value!r}.")
+        values[key] = dict(value)
+    for key in _POSITIVE_NUMBERS:
+        if key in raw and raw[key] is not None:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise PoolConfigurationError(
+                    f"settings.POOLS[{key!r}] must be a positive number of seconds, got {value!r}."
+                )
     values.update({k: v for k, v in raw.items() if k not in _DICT_KEYS})
     return PoolsSettings(**values)
 

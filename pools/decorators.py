@@ -99,6 +99,11 @@ def _wrap_function(fn: Callable[..., Any], spec: PoolSpec) -> Callable[..., Any]
     return gated
 
 
+def gate_task(task: Task, spec: PoolSpec) -> None:
+    """Apply ``spec`` to an existing task instance (what ``@pooled`` above ``@app.task`` does)."""
+    _wrap_task(task, spec)
+
+
 def _wrap_task(task: Task, spec: PoolSpec) -> None:
     if type(task) in (Proxy, PromiseProxy):
         task = task._get_current_object()  # type: ignore[attr-defined]

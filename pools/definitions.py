@@ -117,3 +117,22 @@ def sync() -> SyncReport:
     if updated:
         admission.admit(updated)
     return SyncReport(created=created, updated=updated, unchanged=unchanged)
+
+
+def pool_saved(pool: Pool, *, old_slots: int | None, old_paused: bool | None) -> None:
+    """After a pool was created or edited (admin, API): log the change and run admission."""
+    from pools import admission
+
+    now = timezone.now()
+    if old_slots is not None and old_slots != pool.slots:
+        events.record_pool(
+            EventKind.CAPACITY_CHANGED,
+            pool.name,
+            at=now,
+            detail={"from": old_slots, "to": pool.slots},
+        )
+    if old_paused is not None and old_paused != pool.paused:
+        events.record_pool(
+            EventKind.CAPACITY_CHANGED, pool.name, at=now, detail={"paused": pool.paused}
+        )
+    transaction.on_commit(lambda: admission.admit([pool.name]))

@@ -33,15 +33,16 @@ def record(
         for entry in entries
         for pool, slots in entry.demand.items()
     ]
-    _save(kind, rows)
+    save_rows(kind, rows)
 
 
 def record_pool(kind: str, pool: str, *, at: datetime, detail: dict[str, Any]) -> None:
     """Append one pool-level event (capacity changed, paused)."""
-    _save(kind, [PoolEvent(at=at, kind=kind, pool=pool, detail=detail)])
+    save_rows(kind, [PoolEvent(at=at, kind=kind, pool=pool, detail=detail)])
 
 
-def _save(kind: str, rows: list[PoolEvent]) -> None:
+def save_rows(kind: str, rows: list[PoolEvent]) -> None:
+    """Insert event rows and send their signal after commit."""
     if not rows:
         return
     PoolEvent.objects.bulk_create(rows)

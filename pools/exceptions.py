@@ -119,9 +119,3 @@ class QueueTimeout(PoolError):
             f"Gave up waiting for pool {self.pool!r}: the queue_timeout deadline "
             f"{self.deadline} passed before the task was admitted."
         )
-
-
-class EntryCancelled(PoolError):
-    """The entry was cancelled before it ran."""
-
-    code = "entry_cancelled"

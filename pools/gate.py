@@ -78,6 +78,22 @@ def _install_revoke_hook() -> None:
     control.Control.revoke = revoke  # type: ignore[method-assign]
 
 
+def pool_declared_tasks(app: Celery) -> list[str]:
+    """Gate the local tasks named in ``POOLS['TASKS']`` that lack the decorator (worker side).
+
+    Without this a worker would run such a task's body without a claim.
+    """
+    from pools.decorators import gate_task
+
+    wrapped = []
+    for name, declared in conf.get().TASKS.items():
+        task = app.tasks.get(name)
+        if task is not None and spec_of(task) is None:
+            gate_task(task, PoolSpec.from_dict(declared))
+            wrapped.append(name)
+    return wrapped
+
+
 def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:
     """The pool spec of task ``name``: from the task's decorator, else ``POOLS['TASKS']``."""
     if task_type is None:
@@ -204,7 +220,7 @@ class CeleryBridge:
             except Exception as exc:
                 logger.exception("Publishing admitted entry %s failed; requeueing it", adm.entry_id)
                 admission_service.requeue(
-                    adm.entry_id, adm.token, reason=f"publish failed: {exc}"[:255]
+                    adm.entry_id, adm.token, reason=f"publish failed: {exc}"[:255], admit=False
                 )
 
     def report_finished(self, finished: Sequence[Finished]) -> None:

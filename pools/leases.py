@@ -54,10 +54,10 @@ def renew(entry_id: int, token: int) -> datetime | None:
 
 
 def record_skipped(entry_id: int | None, key: str, token: int | None, why: str) -> None:
-    """Log a delivery that was not run (stale token, no claim)."""
+    """Log a delivery that was not run (stale token, no claim); sends ``delivery_skipped``."""
     from pools.models import PoolEvent
 
-    PoolEvent.objects.create(
+    event = PoolEvent(
         at=timezone.now(),
         kind=EventKind.SKIPPED,
         entry_id=entry_id,
@@ -65,3 +65,4 @@ def record_skipped(entry_id: int | None, key: str, token: int | None, why: str) 
         token=token,
         detail={"why": why},
     )
+    events.save_rows(EventKind.SKIPPED, [event])

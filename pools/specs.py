@@ -17,7 +17,7 @@ from pools.exceptions import PoolConfigurationError
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 
 #: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
-CALL_OPTIONS = frozenset({"priority", "queue_timeout", "key"})
+CALL_OPTIONS = frozenset({"priority", "queue_timeout"})
 
 
 def validate_pool_name(name: object) -> str:

@@ -181,6 +181,18 @@ class _NodeHeartbeat(threading.Thread):
 _heartbeat: _NodeHeartbeat | None = None
 
 
+@signals.worker_init.connect(dispatch_uid="pools.worker.init")
+def _gate_declared_tasks(sender: Any = None, **kwargs: Any) -> None:
+    """Before the pool forks: gate tasks pooled only by name in ``POOLS['TASKS']``."""
+    from pools import gate
+
+    app = getattr(sender, "app", None)
+    if app is not None:
+        app.loader.import_default_modules()
+        for name in gate.pool_declared_tasks(app):
+            logger.info("Task %s is pooled by POOLS['TASKS']", name)
+
+
 @signals.worker_ready.connect(dispatch_uid="pools.worker.ready")
 def _start_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
     """Record this worker as live while it runs (node affinity, UI)."""
