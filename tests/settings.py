@@ -89,3 +89,11 @@ POOLS = {
         "partner-api": {"slots": 1},
     },
 }
+# Fault tests start workers with short leases / fast sweeps through the environment.
+for _key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "SWEEP_SECONDS"):
+    if os.environ.get(f"POOLS_{_key}"):
+        POOLS[_key] = float(os.environ[f"POOLS_{_key}"])
+
+# Extra task modules for the fault-tolerance acceptance tests.
+CELERY_IMPORTS = ["tests.testapp.fault_tasks"]
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

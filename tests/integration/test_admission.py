@@ -16,9 +16,10 @@ from pools.exceptions import (
     UnknownPool,
 )
 from pools.models import Demand, EntryState, EventKind, PoolEvent, QueueEntry
+from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
 
 def finish(rec, key: str, outcome: str = "succeeded") -> bool:

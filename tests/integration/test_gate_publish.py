@@ -11,10 +11,11 @@ from django.utils import timezone
 
 from pools.exceptions import PoolConfigurationError, UnknownPool
 from pools.models import EntryState, QueueEntry
+from tests.conftest import POOL_APPS
 from tests.factories import make_pool
 from tests.testapp.tasks import add, record
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
 
 @pytest.fixture

@@ -15,9 +15,10 @@ from pools import admission, leases, sweeps
 from pools.exceptions import LeaseLost
 from pools.keeper import LeaseKeeper
 from pools.models import EntryState, QueueEntry
+from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
 
 def lapse(key: str) -> None:

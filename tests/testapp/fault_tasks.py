@@ -1,0 +1,1 @@
+"""Pooled tasks for the fault-tolerance acceptance tests (leases, retries, results)."""
