@@ -30,13 +30,14 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 test-sqlite: install
-	POOLS_TEST_DB=sqlite $(BIN)/pytest -q -m "not postgres" tests/unit tests/integration
+	POOLS_TEST_DB=sqlite $(BIN)/pytest -q -m "not postgres" tests/unit tests/integration \
+		tests/acceptance/test_demo.py
 
 # Real PostgreSQL + real Celery prefork workers on Redis (db 14/15 keep clear of other data).
 test-postgres: install services
 	POOLS_TEST_DB=postgres CELERY_BROKER_URL=redis://127.0.0.1:6379/14 \
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
-	$(BIN)/pytest -q tests/integration tests/acceptance
+	$(BIN)/pytest -q tests/integration tests/acceptance --deselect tests/acceptance/test_demo.py
 
 test: lint docs test-sqlite test-postgres
 

@@ -80,7 +80,7 @@ else:
     }
 
 # --- Celery: the embedded filesystem broker + file results by default.
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://localhost/")
 if CELERY_BROKER_URL.startswith("filesystem"):
     _queue = VAR_DIR / "broker" / "queue"  # producers write and workers read the same folder
     _processed = VAR_DIR / "broker" / "processed"
@@ -100,11 +100,16 @@ CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", _results.as_uri(
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Beat reads its schedule from the database; `migrate` registers the pools sweep there.
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 # --- The pools tasks in demo/tasks.py use.
 POOLS = {
     "DEFINITIONS": {
-        "warehouse": {"slots": 4, "description": "The analytics warehouse: 4 heavy queries at once."},
+        "warehouse": {
+            "slots": 4,
+            "description": "The analytics warehouse: 4 heavy queries at once.",
+        },
         "partner-api": {"slots": 2, "description": "A partner's rate-limited HTTP API."},
         "reports": {"slots": 3, "description": "PDF rendering."},
     },

@@ -1,0 +1,298 @@
+#!/usr/bin/env python
+"""The django-celery-pools demo (``make demo``).
+
+Migrates, creates a demo superuser, starts a Celery prefork worker and the
+Django development server, submits a burst of pooled tasks that contend for
+their pools, prints the pools live until the burst has drained, then keeps the
+worker and server running until Ctrl-C.
+
+    .venv/bin/python example_project/run_demo.py [--tasks N] [--no-serve]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pools.snapshots import PoolSnapshot
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+
+USERNAME = PASSWORD = "demo"
+CONCURRENCY = 4  # prefork processes of the demo worker
+# Embedded celery-beat (--beat) runs the pools sweep, the safety net for lapsed leases.
+WORKER_ARGV = (
+    f"-m celery -A example_project worker --pool=prefork --concurrency={CONCURRENCY} "
+    "--hostname=demo@%h --loglevel=INFO --beat --without-gossip --without-mingle "
+    "--without-heartbeat"
+).split()
+TICK = 0.5  # seconds between two live summaries
+TERMINAL = ("succeeded", "failed", "cancelled", "expired", "rejected", "superseded", "retried")
+
+
+class Stop(Exception):
+    """Raised by the SIGINT / SIGTERM handler to leave whatever the demo is doing."""
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until stop() installs its own handler
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Stop
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=30, help="tasks in the burst (default 30)")
+    parser.add_argument("--no-serve", action="store_true", help="exit once the burst has drained")
+    parser.add_argument("--timeout", type=float, default=None, help="give up draining after (s)")
+    args = parser.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    var = Path(settings.VAR_DIR)
+    children: list[subprocess.Popen] = []
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        prepare_database()
+        print(
+            f"Database: {describe_db(settings)}   Broker: {settings.CELERY_BROKER_URL}   "
+            f"Results: {settings.CELERY_RESULT_BACKEND}"
+        )
+        children.append(start("worker", var, WORKER_ARGV))
+        wait_for_worker(var / "worker.log", children[0])
+        admin_url = None
+        if not args.no_serve:
+            port = free_port(8000)
+            children.append(
+                start("server", var, ["manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"])
+            )
+            wait_for_port(port)
+            admin_url = f"http://127.0.0.1:{port}/admin/"
+            print(f"Admin:    {admin_url}  (login {USERNAME} / {PASSWORD})")
+
+        keys = submit(args.tasks)
+        drained = watch(keys, timeout=args.timeout or 60 + args.tasks)
+        check_worker_log(var / "worker.log")
+        if args.no_serve:
+            return 0 if drained else 1
+
+        print(f"\nAdmin:    {admin_url}  (login {USERNAME} / {PASSWORD})")
+        print(
+            "          Resource pools, queue entries and the event log are under 'Resource pools'."
+        )
+        print("Docs:     docs/ in the repository (make docs builds them into .site/)")
+        print(f"Logs:     {var / 'worker.log'}, {var / 'server.log'}")
+        print("The worker and the server keep running; press Ctrl-C to stop them.")
+        while all(child.poll() is None for child in children):
+            time.sleep(0.5)
+        print("A child process exited unexpectedly; see the logs above.", file=sys.stderr)
+        return 1
+    except Stop:
+        print(
+            "\nStopping the worker (warm shutdown: running tasks finish first) and the server;"
+            " Ctrl-C again to kill them ..."
+        )
+        stop(children)
+        print("Stopped.")
+        return 0
+    except RuntimeError as exc:  # a child did not start: say why, without a traceback
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop(children)
+
+
+def prepare_database() -> None:
+    """Apply migrations (which also syncs POOLS['DEFINITIONS']) and create the demo user."""
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    user_model = get_user_model()
+    if not user_model.objects.filter(username=USERNAME).exists():
+        user_model.objects.create_superuser(USERNAME, "demo@example.com", PASSWORD)
+
+
+def describe_db(settings: object) -> str:
+    db = settings.DATABASES["default"]  # type: ignore[attr-defined]
+    return f"{db['ENGINE'].rsplit('.', 1)[-1]} {db.get('NAME')}"
+
+
+def start(name: str, var: Path, argv: list[str]) -> subprocess.Popen:
+    """Start a child in its own session (so Ctrl-C reaches only us), output to var/<name>.log."""
+    with open(var / f"{name}.log", "w") as log:  # the child keeps its own copy of the file
+        return subprocess.Popen(
+            [sys.executable, *argv],
+            cwd=HERE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop(children: list[subprocess.Popen]) -> None:
+    """SIGTERM each child (Celery does a warm shutdown), then SIGKILL what is left."""
+
+    def force(signum: int, frame: object) -> None:  # a second Ctrl-C does not wait
+        for child in children:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+
+    signal.signal(signal.SIGINT, force)
+    signal.signal(signal.SIGTERM, force)
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)  # the worker and its pool processes
+            child.wait()
+
+
+def free_port(preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise RuntimeError("no free port")
+
+
+def wait_for_port(port: int, timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"the development server did not start on port {port}")
+
+
+def wait_for_worker(log: Path, worker: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait until the worker logs that it is ready, so the burst starts running at once."""
+    started = time.monotonic()
+    while " ready." not in log.read_text(errors="replace"):
+        if worker.poll() is not None:
+            raise RuntimeError(f"the Celery worker exited (code {worker.returncode}); see {log}")
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"the Celery worker did not start in {timeout:.0f} s; see {log}")
+        time.sleep(0.2)
+    print(
+        f"Worker:   {CONCURRENCY} prefork processes ready in {time.monotonic() - started:.1f} s  (log: {log})"
+    )
+
+
+def submit(count: int) -> list[str]:
+    """Submit ``count`` pooled tasks in a mix that makes the pools contend."""
+    from demo import tasks
+
+    urgent = {"pool_options": {"priority": 20}}  # a per-call priority: ahead of other reports
+    plan = [  # (task, args of call i, apply_async options)
+        (tasks.load_table, lambda i: (f"table_{i}",), {}),
+        (tasks.render_report, lambda i: (i,), {}),
+        (tasks.sync_partner, lambda i: (1000 + i,), {}),
+        (tasks.export, lambda i: (f"2025-01-{i % 28 + 1:02d}",), {}),
+        (tasks.load_table, lambda i: (f"table_{i}",), {}),
+        (tasks.render_report, lambda i: (i,), urgent),
+    ]
+    started = time.monotonic()
+    results, mix = [], Counter()
+    for i in range(count):
+        task, args, options = plan[i % len(plan)]
+        results.append(task.apply_async(args(i), **options))
+        mix[task.__name__] += 1
+    print(
+        f"\nSubmitted {count} tasks in {time.monotonic() - started:.2f} s: "
+        + ", ".join(f"{n} {name}" for name, n in sorted(mix.items()))
+    )
+    return [r.id for r in results]
+
+
+def watch(keys: list[str], timeout: float) -> bool:
+    """Print the pools every TICK seconds until every submitted entry has finished."""
+    from celery import current_app
+
+    from pools.models import QueueEntry
+    from pools.snapshots import snapshot_all
+
+    started = time.monotonic()
+    while True:
+        states = Counter(QueueEntry.objects.filter(key__in=keys).values_list("state", flat=True))
+        elapsed = time.monotonic() - started
+        print(f"\n{elapsed:5.1f} s")
+        for snap in snapshot_all():
+            running = sum(1 for h in snap.holders if h.state == "running")
+            bar = "#" * min(snap.held, snap.slots) + "." * snap.free
+            print(
+                f"  {snap.name:<12} [{bar}] {snap.held}/{snap.slots} held  {snap.free} free  "
+                f"{snap.waiting:3} waiting  {running} running{describe_head(snap)}"
+            )
+        finished = sum(states[s] for s in TERMINAL)
+        print(f"  {states['succeeded']}/{len(keys)} succeeded, {states['failed']} failed")
+        if finished >= len(keys):
+            break
+        if elapsed > timeout:
+            print(
+                f"\nGave up after {timeout:.0f} s: {len(keys) - finished} entries unfinished "
+                f"({dict(states)})."
+            )
+            return False
+        time.sleep(TICK)
+
+    stored = sum(current_app.AsyncResult(key).successful() for key in keys)
+    other = finished - states["succeeded"] - states["failed"]
+    print(
+        f"\nDrained in {time.monotonic() - started:.1f} s: {states['succeeded']} succeeded, "
+        f"{states['failed']} failed, {other} other; {stored}/{len(keys)} results stored "
+        f"in the result backend."
+    )
+    return states["succeeded"] == len(keys) and stored == len(keys)
+
+
+def describe_head(snap: PoolSnapshot) -> str:
+    """``next: export (priority 10, 2 slots)``: the first entry in the pool's line."""
+    if not snap.head:
+        return ""
+    head = snap.head[0]
+    name = head.task_name.rsplit(".", 1)[-1]
+    return f"  next: {name} (priority {head.priority}, {head.slots} slot{'s' * (head.slots > 1)})"
+
+
+def check_worker_log(path: Path) -> None:
+    """Point at errors the worker logged (e.g. 'database is locked')."""
+    text = path.read_text(errors="replace")
+    problems = [
+        line
+        for line in text.splitlines()
+        if "ERROR" in line or "Traceback" in line or "database is locked" in line
+    ]
+    if problems:
+        print(
+            f"Warning: the worker logged {len(problems)} error line(s), first: {problems[0]!r}; "
+            f"see {path}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
