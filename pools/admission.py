@@ -304,9 +304,9 @@ def _finish_waiting(
     ]
 
 
-def _run_pass(names: Iterable[str], first: _Pass | None = None) -> _Pass:
+def _run_pass(names: Iterable[str]) -> _Pass:
     """Run admission over ``names`` (follow-up passes for multi-pool heads included)."""
-    total = first or _Pass()
+    total = _Pass()
     todo = set(names)
     for _ in range(MAX_PASSES):
         if not todo:
@@ -316,8 +316,30 @@ def _run_pass(names: Iterable[str], first: _Pass | None = None) -> _Pass:
             dispatch.after_commit(step.admissions, step.finished)
         total.admissions.extend(step.admissions)
         total.finished.extend(step.finished)
-        todo = step.needs | todo if step.needs - todo else set()
+        todo = _still_needed(step, todo)
     return total
+
+
+def _still_needed(step: _Pass, locked: Iterable[str]) -> set[str]:
+    """Pools to run a follow-up pass over: empty unless a multi-pool head lacked a lock."""
+    locked = set(locked)
+    return locked | step.needs if step.needs - locked else set()
+
+
+def _admit_in(pools: dict[str, Pool], now: datetime, finished: Sequence[Finished] = ()) -> set[str]:
+    """Admission pass inside the caller's locked transaction; dispatch happens on commit.
+
+    Returns the pools a follow-up pass must cover (see :func:`_follow_up`).
+    """
+    step = _admit_locked(pools, now)
+    dispatch.after_commit(step.admissions, [*finished, *step.finished])
+    return _still_needed(step, pools)
+
+
+def _follow_up(needs: set[str]) -> None:
+    """After commit: admit multi-pool heads whose pools were not all locked."""
+    if needs:
+        _run_pass(needs)
 
 
 def admit(names: Iterable[str]) -> list[Admission]:
@@ -393,8 +415,7 @@ def enqueue(sub: Submission) -> Enqueued:
         events.record(EventKind.ENQUEUED, [entry], at=now)
         step = _admit_locked(pools, now)
         dispatch.after_commit(step.admissions, step.finished)
-    if step.needs:
-        _run_pass(set(spec.demand) | step.needs)
+    _follow_up(_still_needed(step, pools))
     return Enqueued(
         entry_id=entry.queue_id,
         key=entry.key,
@@ -430,14 +451,20 @@ def settle(
             Demand.objects.filter(entry_id=entry_id).update(state=outcome)
             entry.refresh_from_db(fields=["key", "token", "demand"])
             events.record(EventKind.SETTLED, [entry], at=now, detail={"outcome": outcome})
-            step = _admit_locked(pools, now)
-            dispatch.after_commit(step.admissions, step.finished)
-    if changed and step.needs:
-        _run_pass(set(entry.demand) | step.needs)
+            needs = _admit_in(pools, now)
+    if changed:
+        _follow_up(needs)
     return bool(changed)
 
 
-def requeue(entry_id: int, token: int, *, reason: str, admit: bool = True) -> bool:
+def requeue(
+    entry_id: int,
+    token: int,
+    *,
+    reason: str,
+    admit: bool = True,
+    lapsed_before: datetime | None = None,
+) -> bool:
     """Put a held entry back in line (same place), or expire it if its deadline passed.
 
     Used when a lease lapses or is lost, and when a publish fails; then ``admit=False``
@@ -449,18 +476,20 @@ def requeue(entry_id: int, token: int, *, reason: str, admit: bool = True) -> bo
         return False
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
-        entry = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES).first()
-        if entry is None:
-            return False
-        QueueEntry.objects.filter(pk=entry_id).update(
+        claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES)
+        if lapsed_before is not None:  # re-checked under the lock: a start may have renewed it
+            claim = claim.filter(lease_expires_at__lt=lapsed_before)
+        # Compare-and-set: leases.start/renew do not take the pool lock.
+        if not claim.update(
             state=EntryState.WAITING, lease_expires_at=None, worker="", reason=reason
-        )
+        ):
+            return False
+        entry = QueueEntry.objects.get(pk=entry_id)
         Demand.objects.filter(entry_id=entry_id).update(state=EntryState.WAITING)
         events.record(EventKind.REQUEUED, [entry], at=now, detail={"reason": reason})
-        if admit:
-            # The pass expires it if its deadline is gone, or admits it again.
-            step = _admit_locked(pools, now)
-            dispatch.after_commit(step.admissions, step.finished)
+        # The pass expires it if its deadline is gone, or admits it again.
+        needs = _admit_in(pools, now) if admit else set()
+    _follow_up(needs)
     return True
 
 
@@ -491,8 +520,8 @@ def cancel(key: str, *, reason: str = "cancelled", terminate: bool = False) -> Q
                 f"Entry {key!r} in pool {pool!r} {why}; only waiting entries can be cancelled."
             )
         finished = _finish_waiting([entry], EntryState.CANCELLED, now, reason=reason)
-        step = _admit_locked(pools, now)
-        dispatch.after_commit(step.admissions, [*finished, *step.finished])
+        needs = _admit_in(pools, now, finished)
+    _follow_up(needs)
     entry.refresh_from_db()
     return entry
 
@@ -513,8 +542,8 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
         with locked_pools(names) as pools:
             entries = list(QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING))
             finished = _finish_waiting(entries, EntryState.EXPIRED, now, reason="queue_timeout")
-            step = _admit_locked(pools, now)
-            dispatch.after_commit(step.admissions, [*finished, *step.finished])
+            needs = _admit_in(pools, now, finished)
+        _follow_up(needs)
         count += len(entries)
     return count
 

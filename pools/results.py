@@ -10,6 +10,7 @@ from __future__ import annotations
 from celery import current_app
 from celery.app.task import Context
 from celery.exceptions import TaskRevokedError
+from celery.utils.functional import maybe_list
 
 from pools.admission import Finished
 from pools.exceptions import QueueTimeout
@@ -25,8 +26,9 @@ def _request(item: Finished) -> Context:
         group=opts.get("group_id"),
         group_index=opts.get("group_index"),
         chord=opts.get("chord"),
-        callbacks=opts.get("link"),
-        errbacks=opts.get("link_error"),
+        # Like send_task: apply_async(link_error=sig) holds one signature, not a list.
+        callbacks=maybe_list(opts.get("link")),
+        errbacks=maybe_list(opts.get("link_error")),
         root_id=opts.get("root_id"),
         parent_id=opts.get("parent_id"),
         delivery_info={},

@@ -35,7 +35,7 @@ def sweep(now: datetime | None = None) -> SweepReport:
     requeued = 0
     lapsed = QueueEntry.objects.lapsed(now).values_list("queue_id", "token")[:BATCH]
     for queue_id, token in list(lapsed):
-        if admission.requeue(queue_id, token, reason="lease lapsed"):
+        if admission.requeue(queue_id, token, reason="lease lapsed", lapsed_before=now):
             requeued += 1
     expired = admission.expire_due(now)
     admitted = len(admission.admit_all())

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
-SECRET_KEY = "tests-not-secret"  # noqa: S105
+SECRET_KEY = "tests-not-secret"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -83,7 +84,7 @@ CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "cache+memory://
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 
-POOLS = {
+POOLS: dict[str, Any] = {
     "DEFINITIONS": {
         "warehouse": {"slots": 2, "max_queued": 50},
         "partner-api": {"slots": 1},
