@@ -112,6 +112,8 @@ class _Pass:
     finished: list[Finished] = field(default_factory=list)
     #: Pools named by a blocked multi-pool head that this pass had not locked.
     needs: set[str] = field(default_factory=set)
+    #: Pools whose head waits for its ``not_before``: when to run admission again.
+    wake: dict[str, datetime] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- locking
@@ -196,6 +198,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
                     progress = True
                     continue
                 if entry.not_before is not None and entry.not_before > now:
+                    result.wake[pool.name] = entry.not_before
                     break  # an ineligible head still blocks its pool
                 if not _fits_everywhere(entry, pools, lines, free, result.needs):
                     break
@@ -313,7 +316,7 @@ def _run_pass(names: Iterable[str]) -> _Pass:
             break
         with locked_pools(todo) as pools:
             step = _admit_locked(pools, timezone.now())
-            dispatch.after_commit(step.admissions, step.finished)
+            dispatch.after_commit(step.admissions, step.finished, step.wake)
         total.admissions.extend(step.admissions)
         total.finished.extend(step.finished)
         todo = _still_needed(step, todo)
@@ -332,7 +335,7 @@ def _admit_in(pools: dict[str, Pool], now: datetime, finished: Sequence[Finished
     Returns the pools a follow-up pass must cover (see :func:`_follow_up`).
     """
     step = _admit_locked(pools, now)
-    dispatch.after_commit(step.admissions, [*finished, *step.finished])
+    dispatch.after_commit(step.admissions, [*finished, *step.finished], step.wake)
     return _still_needed(step, pools)
 
 
@@ -414,7 +417,7 @@ def enqueue(sub: Submission) -> Enqueued:
         )
         events.record(EventKind.ENQUEUED, [entry], at=now)
         step = _admit_locked(pools, now)
-        dispatch.after_commit(step.admissions, step.finished)
+        dispatch.after_commit(step.admissions, step.finished, step.wake)
     _follow_up(_still_needed(step, pools))
     return Enqueued(
         entry_id=entry.queue_id,

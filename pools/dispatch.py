@@ -8,9 +8,11 @@ message is never published for a claim that was rolled back.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from django.db import transaction
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from pools import conf
@@ -31,6 +33,9 @@ class Bridge(Protocol):
     def terminate(self, key: str) -> None:
         """Stop the admitted or running task ``key`` wherever it is."""
 
+    def wake_at(self, pools: Sequence[str], when: datetime) -> None:
+        """Run an admission pass over ``pools`` at ``when`` (a head's ``not_before``)."""
+
 
 def bridge() -> Bridge:
     """The configured bridge object (a module or an object with the two methods)."""
@@ -38,9 +43,42 @@ def bridge() -> Bridge:
     return target
 
 
-def after_commit(admissions: Sequence[Admission], finished: Sequence[Finished]) -> None:
-    """Schedule publishing/reporting for when the current transaction commits."""
+def after_commit(
+    admissions: Sequence[Admission],
+    finished: Sequence[Finished],
+    wake: dict[str, datetime] | None = None,
+) -> None:
+    """Schedule publishing/reporting (and timed wake-ups) for when the transaction commits."""
     if admissions:
         transaction.on_commit(lambda: bridge().publish(admissions))
     if finished:
         transaction.on_commit(lambda: bridge().report_finished(finished))
+    due = {pool: when for pool, when in (wake or {}).items() if _should_wake(pool, when)}
+    if due:
+        transaction.on_commit(lambda: _wake(due))
+
+
+def _wake(due: dict[str, datetime]) -> None:
+    target = bridge()
+    wake_at = getattr(target, "wake_at", None)  # optional for custom bridges
+    if wake_at is not None:
+        for pool, when in due.items():
+            wake_at([pool], when)
+
+
+#: Wake-ups already scheduled by this process: pool -> time.
+_scheduled: dict[str, datetime] = {}
+#: Heads further away than this are left to the sweep (broker ETAs stay short).
+WAKE_HORIZON = timedelta(minutes=5)
+
+
+def _should_wake(pool: str, when: datetime) -> bool:
+    """One timer per pool and time per process; far-off heads are the sweep's job."""
+    now = timezone.now()
+    if when - now > WAKE_HORIZON:
+        return False
+    known = _scheduled.get(pool)
+    if known is not None and now < known <= when:
+        return False  # an earlier wake-up is pending; it will schedule the next one
+    _scheduled[pool] = when
+    return True

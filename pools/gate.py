@@ -239,6 +239,21 @@ class CeleryBridge:
 
         current_app.control.revoke(key, terminate=True)
 
+    def wake_at(self, pools: Sequence[str], when: datetime) -> None:
+        """Send ``pools.admit`` with a short countdown: timed admission without polling."""
+        from celery import current_app
+
+        assert _original_send_task is not None
+        delay = max(0.0, (when - timezone.now()).total_seconds())
+        _original_send_task(
+            current_app,
+            "pools.admit",
+            (list(pools),),
+            countdown=delay,
+            expires=delay + 60,
+            ignore_result=True,
+        )
+
 
 #: The bridge named by the default ``POOLS["PUBLISHER"]``.
 bridge = CeleryBridge()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from pools import sweeps
+from pools import admission, sweeps
 
 
 @shared_task(name="pools.sweep", ignore_result=True)
@@ -17,3 +17,9 @@ def sweep() -> dict[str, int]:
         "admitted": report.admitted,
         "pruned": report.pruned,
     }
+
+
+@shared_task(name="pools.admit", ignore_result=True)
+def admit(pools: list[str]) -> int:
+    """Run admission over ``pools`` (timed wake-up for a head whose ``not_before`` arrived)."""
+    return len(admission.admit(pools))

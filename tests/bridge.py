@@ -14,12 +14,16 @@ class RecordingBridge:
         self.admissions: list[Admission] = []
         self.finished: list[Finished] = []
         self.terminated: list[str] = []
+        self.wakes: list = []
 
     def publish(self, admissions: Sequence[Admission]) -> None:
         self.admissions.extend(admissions)
 
     def report_finished(self, finished: Sequence[Finished]) -> None:
         self.finished.extend(finished)
+
+    def wake_at(self, pools, when) -> None:
+        self.wakes.append((list(pools), when))
 
     def terminate(self, key: str) -> None:
         self.terminated.append(key)
@@ -31,6 +35,7 @@ class RecordingBridge:
         self.admissions.clear()
         self.finished.clear()
         self.terminated.clear()
+        self.wakes.clear()
 
 
 recorder = RecordingBridge()

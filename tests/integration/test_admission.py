@@ -102,6 +102,7 @@ def test_not_before__future_head_blocks_its_pool(recorder):
     submit(key="eta", not_before=later)
     submit(key="now")
     assert recorder.keys() == [], "an ineligible head still blocks lower entries"
+    assert recorder.wakes == [], "a head an hour away is left to the sweep"
     QueueEntry.objects.filter(key="eta").update(not_before=timezone.now() - timedelta(seconds=1))
     admission.admit(["p"])
     assert recorder.keys() == ["eta", "now"]
@@ -184,3 +185,10 @@ def test_requeue__keeps_place_in_line(recorder):
     again = QueueEntry.objects.get(pk=entry.pk)
     assert again.token == adm.token + 1
     assert again.enqueued_at == entry.enqueued_at
+
+
+def test_not_before__near_head_schedules_a_timed_admission(recorder):
+    make_pool("p", 1)
+    soon = timezone.now() + timedelta(seconds=2)
+    submit(key="eta", not_before=soon)
+    assert recorder.wakes == [(["p"], soon)]
