@@ -36,6 +36,8 @@ logger = logging.getLogger("pools.gate")
 CLAIM_HEADER = "pools_claim"
 #: Internal ``send_task`` option marking a publish made by the gate itself.
 ADMITTED_OPTION = "_pools_admitted"
+#: Internal ``send_task`` option naming the origin of a submission (e.g. ungated delivery).
+ORIGIN_OPTION = "_pools_origin"
 #: The documented ``apply_async`` option for per-call pool overrides.
 CALL_OPTION = "pool_options"
 
@@ -113,6 +115,7 @@ def _gated_send_task(
     if options.pop(ADMITTED_OPTION, False):
         return _original_send_task(self, name, args, kwargs, **options)
     call_options = options.pop(CALL_OPTION, None)
+    origin = options.pop(ORIGIN_OPTION, None)
     spec = spec_for(self, name, options.get("task_type"))
     if spec is None:
         if call_options:
@@ -121,11 +124,17 @@ def _gated_send_task(
                 f"@pooled or list it in POOLS['TASKS']."
             )
         return _original_send_task(self, name, args, kwargs, **options)
-    return _submit(self, name, args, kwargs, spec.with_call_options(call_options), options)
+    return _submit(self, name, args, kwargs, spec.with_call_options(call_options), options, origin)
 
 
 def _submit(
-    app: Celery, name: str, args: Any, kwargs: Any, spec: PoolSpec, options: dict[str, Any]
+    app: Celery,
+    name: str,
+    args: Any,
+    kwargs: Any,
+    spec: PoolSpec,
+    options: dict[str, Any],
+    origin: str | None = None,
 ) -> Any:
     from pools import admission
 
@@ -141,7 +150,8 @@ def _submit(
     stored = _storable(name, options, now)
     headers = stored.get("headers") or {}
     headers.pop(CLAIM_HEADER, None)
-    origin = Origin.BEAT if headers.get("periodic_task_name") else Origin.CODE
+    if origin is None:
+        origin = Origin.BEAT if headers.get("periodic_task_name") else Origin.CODE
     admission.enqueue(
         Submission(
             key=task_id,

@@ -106,8 +106,12 @@ def _enqueue_unclaimed(task: Any, request: Any) -> None:
         task.name,
         request.id,
     )
+    from pools import gate
+    from pools.models import Origin
+
     options = request.as_execution_options()
     options.pop("task_id", None)
+    options[gate.ORIGIN_OPTION] = Origin.UNGATED
     task.app.send_task(task.name, request.args, request.kwargs, task_id=request.id, **options)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -20,8 +21,13 @@ def record(i: int, sleep: float = 0.05) -> dict:
     start = time.time()
     time.sleep(sleep)
     claim = current_claim()
-    return {"i": i, "start": start, "end": time.time(), "pid": os.getpid(),
-            "token": claim.token if claim else None}
+    return {
+        "i": i,
+        "start": start,
+        "end": time.time(),
+        "pid": os.getpid(),
+        "token": claim.token if claim else None,
+    }
 
 
 @shared_task
@@ -65,3 +71,13 @@ def span(i: int, sleep: float = 0.03) -> dict:
 def free_span(i: int, sleep: float = 0.3) -> dict:
     """The same body, not pooled: the control that shows the workers can overlap freely."""
     return _span(i, sleep)
+
+
+@shared_task
+@pooled("warehouse", slots=1)
+def noted(path: str, x: int, y: int) -> int:
+    """Add, appending one line per body execution to ``path`` (how often did the body run?)."""
+    claim = current_claim()
+    with open(path, "a") as out:
+        out.write(json.dumps({"pid": os.getpid(), "token": claim.token if claim else None}) + "\n")
+    return x + y

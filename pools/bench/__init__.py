@@ -1,0 +1,18 @@
+"""``manage.py pools bench``: pools side by side with plain Celery and the Redis-lock recipe.
+
+The benchmark runs against the project's own database and Celery broker. It starts its own
+``celery worker`` subprocesses (which import :mod:`pools.bench.tasks`), creates its own pools
+(names start with ``bench-``), runs the workloads, prints a table, writes ``bench.json`` and PNG
+plots, and removes everything it created. See ``docs/benchmarks.md``.
+
+Modules:
+
+* :mod:`pools.bench.tasks` — the task bodies the workers run (pooled and plain);
+* :mod:`pools.bench.recipe` — the common recipe: a Redis counting semaphore with a TTL taken in
+  the task body, ``self.retry(countdown=0.05)`` when it is full;
+* :mod:`pools.bench.workers` — worker subprocesses, held queues, RSS;
+* :mod:`pools.bench.backlog` — bench pools, backlogs written in bulk, pause/release, clean-up;
+* :mod:`pools.bench.stats` — pure counting: percentiles, gaps, inversions, concurrency;
+* :mod:`pools.bench.workloads` — W1-W4 and memory; :mod:`pools.bench.recipe` has W5;
+* :mod:`pools.bench.report` — table, JSON, plots; :mod:`pools.bench.runner` — the whole run.
+"""

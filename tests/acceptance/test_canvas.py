@@ -1,0 +1,81 @@
+"""Canvas members of pooled tasks go through the gate and complete on real workers."""
+
+from __future__ import annotations
+
+import pytest
+from celery import chain, chord, group
+
+from pools.models import EntryState, QueueEntry
+from tests.acceptance.conftest import wait_for
+from tests.testapp.tasks import add, tsum
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.acceptance,
+    pytest.mark.django_db(transaction=True),
+]
+
+TIMEOUT = 60
+
+
+def settled(*keys: str) -> dict[str, str]:
+    """Wait until every key has a finished entry; return ``{key: state}``."""
+
+    def states() -> dict[str, str] | None:
+        found = dict(QueueEntry.objects.filter(key__in=keys).values_list("key", "state"))
+        if len(found) == len(keys) and all(
+            s not in (EntryState.WAITING, EntryState.ADMITTED, EntryState.RUNNING)
+            for s in found.values()
+        ):
+            return found
+        return None
+
+    result: dict[str, str] = wait_for(states, 30, f"entries {keys} to settle")
+    return result
+
+
+@pytest.fixture
+def workers(celery_workers):
+    return celery_workers(count=2, concurrency=2)
+
+
+def test_canvas__chain_of_pooled_tasks_passes_results_along(workers):
+    result = chain(add.s(1, 2), add.s(10), add.s(100)).apply_async()
+    assert result.get(timeout=TIMEOUT) == 113
+    keys = [result.parent.parent.id, result.parent.id, result.id]
+    assert [r.get(timeout=TIMEOUT) for r in (result.parent.parent, result.parent)] == [3, 13]
+    # Every link was an entry of the pool (gated), and each settled as succeeded.
+    assert set(settled(*keys).values()) == {EntryState.SUCCEEDED}
+    links = QueueEntry.objects.filter(key__in=keys)
+    assert {e.demand["warehouse"] for e in links} == {1}
+    root = result.parent.parent.id
+    assert {e.root_id or e.key for e in links} == {root}
+
+
+def test_canvas__chord_of_pooled_header_and_pooled_body(workers):
+    header = [add.s(i, i) for i in range(6)]
+    result = chord(header)(tsum.s())
+    assert result.get(timeout=TIMEOUT) == sum(2 * i for i in range(6))
+    body = QueueEntry.objects.get(key=result.id)
+    assert body.demand == {"partner-api": 1}
+    header_results = result.parent.results  # the header's GroupResult
+    assert [r.get(timeout=TIMEOUT) for r in header_results] == [2 * i for i in range(6)]
+    states = settled(*[r.id for r in header_results], result.id)
+    assert set(states.values()) == {EntryState.SUCCEEDED}
+    assert QueueEntry.objects.filter(task_name=add.name).count() == len(header)
+
+
+def test_canvas__group_of_pooled_tasks_returns_every_result(workers):
+    result = group(add.s(i, 1) for i in range(8)).apply_async()
+    assert result.get(timeout=TIMEOUT) == [i + 1 for i in range(8)]
+    states = settled(*[r.id for r in result.results])
+    assert set(states.values()) == {EntryState.SUCCEEDED}
+
+
+def test_canvas__chain_into_chord_across_two_pools(workers):
+    workflow = chain(add.s(2, 3), group(add.s(1), add.s(2), add.s(3)), tsum.s())
+    result = workflow.apply_async()
+    assert result.get(timeout=TIMEOUT) == (5 + 1) + (5 + 2) + (5 + 3)
+    assert set(settled(result.id).values()) == {EntryState.SUCCEEDED}
+    assert QueueEntry.objects.filter(task_name=add.name).count() == 4

@@ -1,0 +1,125 @@
+"""Worker side of the gate: a pooled body runs only under a valid, unused claim.
+
+The task ``noted`` appends one line per body execution to a file, so the tests count
+executions directly instead of trusting the event log alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from celery.result import AsyncResult
+from celery.utils import uuid
+
+from pools import gate
+from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
+from tests.acceptance.conftest import wait_for
+from tests.celery_app import app
+from tests.testapp.tasks import noted
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.acceptance,
+    pytest.mark.django_db(transaction=True),
+]
+
+TIMEOUT = 60
+
+
+def events(key: str, kind: str) -> list[PoolEvent]:
+    return list(PoolEvent.objects.filter(key=key, kind=kind).order_by("id"))
+
+
+def runs(path: Path) -> list[dict]:
+    """One item per execution of the body of ``noted`` that wrote to ``path``."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def send_around_gate(name: str, args: list, **options) -> AsyncResult:
+    """Publish with Celery's own ``send_task``, as a process without the gate would."""
+    assert gate._original_send_task is not None
+    return gate._original_send_task(app, name, args, {}, **options)
+
+
+def wait_settled(key: str) -> QueueEntry:
+    def done() -> QueueEntry | None:
+        entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").first()
+        return entry if entry is not None and entry.is_terminal else None
+
+    entry: QueueEntry = wait_for(done, 30, f"entry {key} to settle")
+    return entry
+
+
+def test_worker__message_without_claim_is_put_in_line_then_run_once(celery_workers, tmp_path):
+    workers = celery_workers(count=2, concurrency=2)
+    path = tmp_path / "runs.jsonl"
+    key = uuid()
+    result = send_around_gate(noted.name, [str(path), 2, 3], task_id=key)
+    assert result.id == key
+    assert result.get(timeout=TIMEOUT) == 5
+
+    entry = wait_settled(key)
+    assert entry.state == EntryState.SUCCEEDED
+    assert QueueEntry.objects.filter(key=key).count() == 1, "the delivery became one entry"
+    assert entry.origin == Origin.UNGATED
+    assert len(events(key, EventKind.ENQUEUED)) == 1
+    assert len(events(key, EventKind.ADMITTED)) == 1
+    started = events(key, EventKind.STARTED)
+    assert len(started) == 1, "the body started exactly once"
+    assert started[0].token == entry.token
+    # The body ran once, and under the entry's claim (never for the claimless delivery).
+    assert [r["token"] for r in runs(path)] == [entry.token]
+    intercepted = [w for w in workers if f"[{key}] arrived without a pool claim" in w.log_text()]
+    assert len(intercepted) == 1, "exactly one worker intercepted the claimless delivery"
+
+
+def test_worker__duplicate_delivery_of_admitted_message_runs_body_once(
+    celery_workers, recorder, tmp_path
+):
+    workers = celery_workers(count=2, concurrency=2)
+    path = tmp_path / "runs.jsonl"
+    # The test process records admissions instead of publishing them, so the entry is
+    # admitted (slots held, token issued) and the test publishes its message itself.
+    result = noted.delay(str(path), 20, 22)
+    (admitted,) = recorder.admissions
+    assert admitted.key == result.id
+    assert QueueEntry.objects.get(key=result.id).state == EntryState.ADMITTED
+
+    headers = {gate.CLAIM_HEADER: f"{admitted.entry_id}:{admitted.token}"}
+    for _ in range(2):  # the same message twice, back to back (two workers may race)
+        send_around_gate(noted.name, list(admitted.args), task_id=admitted.key, headers=headers)
+
+    assert result.get(timeout=TIMEOUT) == 42
+    assert wait_settled(result.id).state == EntryState.SUCCEEDED
+    skipped = wait_for(
+        lambda: events(result.id, EventKind.SKIPPED), 30, "the duplicate delivery to be skipped"
+    )
+    assert len(skipped) == 1
+    assert skipped[0].token == admitted.token
+    started = events(result.id, EventKind.STARTED)
+    assert len(started) == 1, "the body started exactly once"
+    assert started[0].detail["worker"] in {w.name for w in workers}
+    assert len(events(result.id, EventKind.SETTLED)) == 1
+    assert [r["token"] for r in runs(path)] == [admitted.token]
+
+
+def test_worker__redelivery_after_settle_is_skipped(celery_workers, tmp_path):
+    """A stale claim (the entry already ran and settled) never runs the body again."""
+    celery_workers(count=1, concurrency=2)
+    path = tmp_path / "runs.jsonl"
+    result = noted.delay(str(path), 1, 1)
+    assert result.get(timeout=TIMEOUT) == 2
+    entry = wait_settled(result.id)
+    assert entry.state == EntryState.SUCCEEDED
+
+    headers = {gate.CLAIM_HEADER: f"{entry.queue_id}:{entry.token}"}
+    send_around_gate(noted.name, [str(path), 1, 1], task_id=result.id, headers=headers)
+    wait_for(lambda: events(result.id, EventKind.SKIPPED), 30, "the stale delivery to be skipped")
+    assert len(events(result.id, EventKind.STARTED)) == 1
+    assert QueueEntry.objects.get(key=result.id).state == EntryState.SUCCEEDED
+    assert len(runs(path)) == 1
