@@ -27,6 +27,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -88,7 +90,6 @@ class LeaseKeeper:
         """Stop renewing; returns (lost meanwhile?, when the lease lapses)."""
         with self._lock:
             held = self._held.pop(entry_id, None)
-        _doomed.discard(threading.get_ident())  # a late signal must not hit the next task
         if held is None:
             return False, None
         return held.lost, held.expires_at
@@ -195,8 +196,8 @@ class LeaseKeeper:
 
     def _lose(self, held: _Held, why: str) -> None:
         with self._lock:
-            if held.lost:
-                return
+            if held.lost or self._held.get(held.claim.entry_id) is not held:
+                return  # already lost, or released (settled) while this pass ran
             held.lost = True
         logger.warning("Lease of entry %s lost: %s; stopping its body", held.claim.entry_id, why)
         _interrupt(held.thread_id)
@@ -211,21 +212,45 @@ def _reset_connection() -> None:
 
 #: Threads whose body must be stopped; read by the signal handler.
 _doomed: set[int] = set()
+#: Threads currently inside a pooled task body: only there may ``LeaseLost`` be raised,
+#: never in Celery's own code around it (result encoding, acks).
+_in_body: set[int] = set()
+_body_lock = threading.Lock()
+
+
+@contextmanager
+def body_running() -> Iterator[None]:
+    """Mark the calling thread as running a pooled body (interruptible) for the block."""
+    ident = threading.get_ident()
+    with _body_lock:
+        _in_body.add(ident)
+    try:
+        yield
+    finally:
+        with _body_lock:
+            _in_body.discard(ident)
+            _doomed.discard(ident)
+            if ident != threading.main_thread().ident:
+                # Cancel an interrupt set but not yet delivered: the body is over.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
 
 
 def _interrupt(thread_id: int) -> None:
-    if thread_id == threading.main_thread().ident:
-        _doomed.add(thread_id)
-        os.kill(os.getpid(), INTERRUPT_SIGNAL)
-        return
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost)
-    )
+    with _body_lock:
+        if thread_id not in _in_body:
+            return  # the body already returned; the claim is requeued at settle time
+        if thread_id == threading.main_thread().ident:
+            _doomed.add(thread_id)
+            os.kill(os.getpid(), INTERRUPT_SIGNAL)
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost)
+        )
 
 
 def _on_interrupt_signal(signum: int, frame: Any) -> None:
     ident = threading.get_ident()
-    if ident in _doomed:
+    if ident in _doomed and ident in _in_body:
         _doomed.discard(ident)
         raise LeaseLost("the lease of this task's claim was lost; its slots may be re-issued")
 

@@ -21,7 +21,7 @@ from celery.exceptions import Ignore
 
 from pools import leases
 from pools.exceptions import LeaseLost
-from pools.keeper import keeper
+from pools.keeper import body_running, keeper
 from pools.leases import Claim
 
 logger = logging.getLogger("pools.worker")
@@ -87,7 +87,8 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         _claims[request.id] = claim
     _local.claim = claim
     try:
-        return fn(*args, **kwargs)
+        with body_running():
+            return fn(*args, **kwargs)
     except LeaseLost:
         if keeper.is_lost(claim.entry_id):
             # Our slots may already be re-issued: store no result; the entry runs again.

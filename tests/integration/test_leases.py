@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from pools import admission, leases, sweeps
 from pools.exceptions import LeaseLost
-from pools.keeper import LeaseKeeper
+from pools.keeper import LeaseKeeper, body_running
 from pools.models import EntryState, QueueEntry
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
@@ -137,7 +137,7 @@ def test_keeper__partition_interrupts_main_thread_body_before_lapse(recorder, sh
     keeper.hold(claim)
     keeper.partitioned = True
     started = time.monotonic()
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseLost), body_running():
         time.sleep(10)  # a signal breaks the sleep
     elapsed = time.monotonic() - started
     lost, expires_at = keeper.release(claim.entry_id)
@@ -158,8 +158,9 @@ def test_keeper__refused_renewal_interrupts_thread_body(recorder, short_lease, k
         keeper.hold(claim)
         ready.set()
         try:
-            for _ in range(400):
-                time.sleep(0.01)
+            with body_running():
+                for _ in range(400):
+                    time.sleep(0.01)
             outcome["result"] = "ran to the end"
         except LeaseLost:
             outcome["result"] = "lease lost"
@@ -201,3 +202,21 @@ def test_cancel_terminate__revokes_running_entry(recorder):
     entry = cancel("a", terminate=True)
     assert entry.state == EntryState.ADMITTED, "slots are freed once the worker stopped it"
     assert recorder.terminated == ["a"]
+
+
+def test_keeper__lease_lost_after_the_body_returned_raises_nothing(recorder, short_lease, keeper):
+    """Celery's own code after the body (result encoding, acks) is never interrupted."""
+    make_pool("p", 1)
+    submit(key="a")
+    adm = recorder.admissions[0]
+    claim = leases.start(adm.entry_id, adm.token, worker="w")
+    with body_running():
+        keeper.hold(claim)
+    keeper.partitioned = True
+    deadline = time.monotonic() + 3
+    while not keeper.is_lost(claim.entry_id) and time.monotonic() < deadline:
+        time.sleep(0.05)  # no LeaseLost may arrive here
+    assert keeper.is_lost(claim.entry_id)
+    time.sleep(0.3)
+    lost, _ = keeper.release(claim.entry_id)
+    assert lost, "the claim is still reported lost, so settle requeues instead"

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from pools import admission, definitions, snapshots, sweeps
+from pools.bench import cli as bench_cli
 from pools.exceptions import PoolError
 from pools.snapshots import PoolSnapshot
 
@@ -28,7 +29,7 @@ def summary_line(s: PoolSnapshot) -> str:
 
 
 class Command(BaseCommand):
-    help = "Inspect and manage resource pools: list, inspect NAME, sync, sweep, cancel KEY."
+    help = "Inspect and manage resource pools: list, inspect NAME, sync, sweep, cancel KEY, bench."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -40,6 +41,12 @@ class Command(BaseCommand):
         cancel = sub.add_parser("cancel", help="Cancel a waiting entry by key (task id).")
         cancel.add_argument("key")
         sub.add_parser("sweep", help="Run one sweep pass (lapsed leases, deadlines, admission).")
+        bench = sub.add_parser(
+            "bench",
+            help="Benchmark pools against plain Celery and the Redis-lock recipe "
+            "(starts its own workers; see docs/benchmarks.md).",
+        )
+        bench_cli.add_arguments(bench)
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
@@ -89,3 +96,12 @@ class Command(BaseCommand):
     def do_cancel(self, key: str, **options: Any) -> None:
         entry = admission.cancel(key)
         self.stdout.write(f"cancelled #{entry.queue_id} {entry.task_name} ({key})")
+
+    def do_bench(self, **options: Any) -> None:
+        try:
+            results = bench_cli.run(options, self.stdout)
+        except RuntimeError as exc:  # a worker that did not start, no result backend, ...
+            raise CommandError(str(exc)) from exc
+        failed = [k for k, v in results.items() if isinstance(v, dict) and "error" in v]
+        if failed:
+            raise CommandError(f"workload(s) failed: {', '.join(failed)} (see the output above)")

@@ -1,0 +1,265 @@
+"""Bench pools, backlogs, release, result collection and clean-up.
+
+A *backlog* is a number of calls already waiting when the clock starts: pooled calls in a
+paused pool, plain calls in a held queue (:mod:`pools.bench.workers`). Pooled backlogs are
+put in line by ``apply_async`` (the real gate, timed: the submit rate) for the first calls,
+and the rest are copies of the first entry written in bulk: the same rows ``enqueue`` writes
+(entry, demand rows, ``enqueued`` event), with their own task id and arguments. That keeps
+a 100,000-entry line affordable and leaves the admission+settle loop, which is what the
+workloads time, untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from celery import Task
+from celery.utils import uuid
+from django.db import transaction
+from django.db.models import Subquery
+from django.utils import timezone
+
+from pools import admission
+from pools.bench.progress import Progress
+from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
+
+#: Every pool the benchmark creates starts with this; it deletes them (and their rows) after.
+PREFIX = "bench-"
+#: Rows per INSERT when writing a backlog in bulk.
+BULK = 2000
+
+
+class BenchError(RuntimeError):
+    """A workload could not be measured (a body failed, a worker died, a timeout)."""
+
+
+# --------------------------------------------------------------------------- pools
+
+
+def create_pools(slots: dict[str, int]) -> None:
+    """Create (or reset) the bench pools, paused."""
+    for name, n in slots.items():
+        if not name.startswith(PREFIX):
+            raise ValueError(f"bench pools must start with {PREFIX!r}: {name}")
+        Pool.objects.update_or_create(
+            name=name, defaults={"slots": n, "paused": True, "description": "manage.py pools bench"}
+        )
+
+
+def pause(names: Sequence[str]) -> None:
+    """Stop admission in ``names`` (entries keep their place; admitted ones run)."""
+    Pool.objects.filter(name__in=list(names)).update(paused=True, updated_at=timezone.now())
+
+
+def release(names: Sequence[str]) -> float:
+    """Unpause ``names`` and run one admission pass over them; returns when it started."""
+    started = time.time()
+    Pool.objects.filter(name__in=list(names)).update(paused=False, updated_at=timezone.now())
+    admission.admit(list(names))
+    return started
+
+
+def held(name: str) -> int:
+    """Slots held in pool ``name`` now."""
+    return int(Demand.objects.held_slots(Pool.objects.get(name=name).pk))
+
+
+def wait_idle(names: Sequence[str], timeout: float = 60.0) -> None:
+    """Wait until no entry holds slots in ``names`` (after a pause: admitted ones finish)."""
+    deadline = time.monotonic() + timeout
+    while Demand.objects.held().filter(pool__name__in=list(names)).exists():
+        if time.monotonic() > deadline:
+            raise BenchError(f"pools {list(names)} still hold slots after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- backlogs
+
+
+def submit(
+    task: Task,
+    count: int,
+    args_for: Callable[[int], list[Any]],
+    *,
+    queue: str,
+    start: int = 0,
+    options_for: Callable[[int], dict[str, Any]] | None = None,
+) -> tuple[list[str], float]:
+    """``count`` real ``apply_async`` calls; returns their ids and the calls per second."""
+    ids = []
+    began = time.perf_counter()
+    for j in range(start, start + count):
+        extra = options_for(j) if options_for else {}
+        ids.append(task.apply_async(tuple(args_for(j)), queue=queue, **extra).id)
+    took = time.perf_counter() - began
+    return ids, count / took if took > 0 else float("inf")
+
+
+def copy_entries(
+    template_key: str,
+    indexes: Sequence[int],
+    args_for: Callable[[int], list[Any]],
+    priority_for: Callable[[int], int] | None = None,
+) -> list[str]:
+    """Write waiting copies of entry ``template_key`` (one per index) in bulk; returns the keys.
+
+    The pools it names must be paused (or the copies wait until the next admission pass).
+    """
+    template = QueueEntry.objects.get(key=template_key)
+    demands = list(Demand.objects.filter(entry=template).values("pool_id", "slots"))
+    keys: list[str] = []
+    for chunk_start in range(0, len(indexes), BULK):
+        chunk = indexes[chunk_start : chunk_start + BULK]
+        now = timezone.now()
+        entries = [
+            QueueEntry(
+                key=uuid(),
+                task_name=template.task_name,
+                args=args_for(j),
+                kwargs=template.kwargs,
+                options=template.options,
+                demand=template.demand,
+                state=EntryState.WAITING,
+                priority=priority_for(j) if priority_for else template.priority,
+                enqueued_at=now,
+                origin=template.origin,
+            )
+            for j in chunk
+        ]
+        with transaction.atomic():
+            QueueEntry.objects.bulk_create(entries)
+            Demand.objects.bulk_create(
+                Demand(
+                    entry_id=e.queue_id,
+                    pool_id=d["pool_id"],
+                    slots=d["slots"],
+                    priority=e.priority,
+                    enqueued_at=now,
+                )
+                for e in entries
+                for d in demands
+            )
+            PoolEvent.objects.bulk_create(
+                PoolEvent(
+                    at=now,
+                    kind=EventKind.ENQUEUED,
+                    pool=pool,
+                    entry_id=e.queue_id,
+                    key=e.key,
+                    token=0,
+                    detail={"slots": slots},
+                )
+                for e in entries
+                for pool, slots in e.demand.items()
+            )
+        keys.extend(e.key for e in entries)
+    return keys
+
+
+def backlog(
+    task: Task,
+    count: int,
+    args_for: Callable[[int], list[Any]],
+    *,
+    queue: str,
+    real: int,
+    priority_for: Callable[[int], int] | None = None,
+) -> tuple[list[str], float]:
+    """Put ``count`` calls of pooled ``task`` in its (paused) pool: ``real`` submitted, rest copied.
+
+    Returns the task ids in index order and the submit rate of the real calls.
+    """
+    real = max(1, min(real, count))
+
+    def options_for(j: int) -> dict[str, Any]:
+        return {"pool_options": {"priority": priority_for(j)}} if priority_for else {}
+
+    ids, rate = submit(task, real, args_for, queue=queue, options_for=options_for)
+    ids += copy_entries(ids[0], range(real, count), args_for, priority_for)
+    return ids, rate
+
+
+# --------------------------------------------------------------------------- results
+
+
+def collect(
+    app: Any, ids: Sequence[str], label: str, *, timeout: float, quiet: bool = False
+) -> list[dict[str, Any]]:
+    """Wait for the results of ``ids`` (a progress bar on stderr); returns the bodies' reports."""
+    spans: list[dict[str, Any]] = []
+    failed: list[str] = []
+    progress = Progress(label, len(ids)) if not quiet else None
+
+    def tick() -> None:
+        if progress is not None:
+            progress.update(len(spans) + len(failed))
+
+    try:
+        for task_id, meta in app.backend.get_many(
+            set(ids), timeout=timeout, interval=0.2, on_interval=tick
+        ):
+            if meta.get("status") == "SUCCESS" and isinstance(meta.get("result"), dict):
+                spans.append(meta["result"])
+            else:
+                failed.append(f"{task_id}: {meta.get('status')} {meta.get('result')!r}"[:300])
+            tick()
+    except Exception as exc:  # celery's TimeoutError and backend errors alike
+        if progress is not None:
+            progress.finish(len(spans) + len(failed), "(incomplete)")
+        raise BenchError(
+            f"{label}: {len(spans)} of {len(ids)} results after {timeout:.0f} s ({exc!r})"
+        ) from exc
+    if progress is not None:
+        progress.finish(len(spans) + len(failed))
+    if failed:
+        raise BenchError(f"{label}: {len(failed)} tasks failed, first: {failed[0]}")
+    return spans
+
+
+# --------------------------------------------------------------------------- clean-up
+
+
+def bench_pool_names() -> list[str]:
+    """Names of the bench pools present in the database."""
+    return list(Pool.objects.filter(name__startswith=PREFIX).values_list("name", flat=True))
+
+
+def remove_pools() -> int:
+    """Delete the bench pools with their entries and events; returns the entries deleted."""
+    names = bench_pool_names()
+    if not names:
+        return 0
+    entry_ids = Demand.objects.filter(pool__name__in=names).values("entry_id")
+    deleted = 0
+    while True:  # in slices: a 100,000-entry line would be one huge statement otherwise
+        ids = list(
+            QueueEntry.objects.filter(pk__in=Subquery(entry_ids)).values_list("pk", flat=True)[
+                :20000
+            ]
+        )
+        if not ids:
+            break
+        Demand.objects.filter(entry_id__in=ids).delete()
+        QueueEntry.objects.filter(pk__in=ids).delete()
+        deleted += len(ids)
+    PoolEvent.objects.filter(pool__in=names).delete()
+    Pool.objects.filter(name__in=names).delete()
+    return deleted
+
+
+def forget_results(app: Any, ids: Sequence[str]) -> None:
+    """Delete the stored results of ``ids`` from the result backend."""
+    backend = app.backend
+    client = getattr(backend, "client", None)
+    if client is not None and hasattr(backend, "get_key_for_task") and hasattr(client, "pipeline"):
+        keys = [backend.get_key_for_task(task_id) for task_id in ids]
+        for n in range(0, len(keys), 5000):
+            client.delete(*keys[n : n + 5000])
+        return
+    for task_id in ids:
+        try:
+            backend.forget(task_id)
+        except Exception:  # a backend without forget(): nothing to delete
+            return

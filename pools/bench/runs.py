@@ -1,0 +1,97 @@
+"""One timed run: a backlog released at once and drained, pooled or plain."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Task
+
+from pools.bench import backlog, stats
+from pools.bench.context import Context
+from pools.bench.workers import POOLED_QUEUE, Worker
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """What one run saw."""
+
+    #: Task id of each index.
+    keys: dict[int, str]
+    #: The bodies' reports (one per index).
+    spans: list[dict[str, Any]]
+    #: ``time.time()`` when the backlog was released.
+    released_at: float
+    #: Submit rate of the real ``apply_async`` calls (calls/s).
+    submit_rate: float
+
+    @property
+    def throughput(self) -> float:
+        """Tasks per second from the release to the end of the last body."""
+        return stats.throughput(self.spans, self.released_at)
+
+
+def pooled_run(
+    ctx: Context,
+    label: str,
+    groups: Sequence[tuple[Task, Sequence[int]]],
+    pools: Sequence[str],
+    *,
+    sleep: float = 0.0,
+    priority_for: Callable[[int], int] | None = None,
+    real: int | None = None,
+    queue: str = POOLED_QUEUE,
+) -> Run:
+    """Queue each group's indexes in its (paused) pool, release ``pools``, wait for every body.
+
+    The pools are paused again afterwards and the run returns once nothing holds a slot.
+    """
+    keys: dict[int, str] = {}
+    rates = []
+    sample = ctx.options.submit_sample if real is None else real
+    for task, indexes in groups:
+        ids, rate = backlog.backlog(
+            task,
+            len(indexes),
+            lambda k, idx=indexes: [idx[k], sleep],  # type: ignore[misc]
+            queue=queue,
+            real=sample,
+            priority_for=(lambda k, idx=indexes: priority_for(idx[k])) if priority_for else None,  # type: ignore[misc]
+        )
+        ctx.track(ids)
+        keys.update(zip(indexes, ids, strict=True))
+        rates.append(rate)
+    released_at = backlog.release(pools)
+    try:
+        spans = backlog.collect(ctx.app, list(keys.values()), label, timeout=ctx.options.timeout)
+    finally:
+        backlog.pause(pools)
+    backlog.wait_idle(pools)
+    stats.check_complete(spans, keys)
+    return Run(keys=keys, spans=spans, released_at=released_at, submit_rate=min(rates, default=0.0))
+
+
+def plain_run(
+    ctx: Context,
+    label: str,
+    task: Task,
+    count: int,
+    args_for: Callable[[int], list[Any]],
+    *,
+    queue: str,
+    workers: list[Worker],
+    options_for: Callable[[int], dict[str, Any]] | None = None,
+) -> Run:
+    """Publish ``count`` calls to a held queue, let ``workers`` consume it, wait for every body."""
+    ids, rate = backlog.submit(task, count, args_for, queue=queue, options_for=options_for)
+    ctx.track(ids)
+    released_at = time.time()
+    ctx.fleet.consume(queue, workers)
+    try:
+        spans = backlog.collect(ctx.app, ids, label, timeout=ctx.options.timeout)
+    finally:
+        ctx.fleet.stop_consuming(queue, workers)
+    stats.check_complete(spans, range(count))
+    return Run(keys=dict(enumerate(ids)), spans=spans, released_at=released_at, submit_rate=rate)

@@ -1,0 +1,130 @@
+"""Pure counting over what the task bodies reported: no database, no Celery, no clock."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+#: One body's report: ``{"i", "s" (start), "e" (end), "p" (pid), "r" (retries), ...}``.
+Span = Mapping[str, Any]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100), nearest-rank on the sorted values; nan when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return float(ordered[rank - 1])
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """``{"median", "min", "max"}`` of repetitions (nan when there are none)."""
+    if not values:
+        nan = float("nan")
+        return {"median": nan, "min": nan, "max": nan}
+    return {
+        "median": float(statistics.median(values)),
+        "min": float(min(values)),
+        "max": float(max(values)),
+    }
+
+
+def distribution(values: Sequence[float]) -> dict[str, float]:
+    """p50 / p95 / p99 / max of one sample, and its size."""
+    return {
+        "n": float(len(values)),
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else float("nan"),
+    }
+
+
+def check_complete(spans: Sequence[Span], expected: Iterable[int]) -> None:
+    """Raise unless every expected index reported exactly once."""
+    want = sorted(expected)
+    got = sorted(int(s["i"]) for s in spans)
+    if got != want:
+        missing = sorted(set(want) - set(got))
+        extra = len(got) - len(set(got))
+        raise AssertionError(
+            f"expected {len(want)} bodies, got {len(got)} ({len(missing)} missing, "
+            f"{extra} duplicated; first missing: {missing[:5]})"
+        )
+
+
+def throughput(spans: Sequence[Span], released_at: float) -> float:
+    """Tasks per second from the release of the backlog to the end of the last body."""
+    if not spans:
+        return 0.0
+    last = max(float(s["e"]) for s in spans)
+    return len(spans) / max(last - released_at, 1e-9)
+
+
+def serial_gaps(spans: Sequence[Span]) -> list[float]:
+    """Seconds from each body's end to the next body's start, in start order (N-1 gaps)."""
+    ordered = sorted(spans, key=lambda s: float(s["s"]))
+    return [float(b["s"]) - float(a["e"]) for a, b in itertools.pairwise(ordered)]
+
+
+def gaps_after(spans: Sequence[Span], marks: Mapping[Any, float], key: str = "i") -> list[float]:
+    """Seconds from ``marks[previous body]`` (e.g. its settle) to the next body's start."""
+    ordered = sorted(spans, key=lambda s: float(s["s"]))
+    return [
+        float(b["s"]) - marks[a[key]] for a, b in itertools.pairwise(ordered) if a[key] in marks
+    ]
+
+
+def max_concurrency(spans: Sequence[Span]) -> int:
+    """Most bodies running at once (an end at the same instant as a start is applied first)."""
+    points = sorted(
+        [(float(s["s"]), 1) for s in spans] + [(float(s["e"]), -1) for s in spans],
+        key=lambda p: (p[0], p[1]),
+    )
+    current = peak = 0
+    for _at, step in points:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def handoff_gaps(spans: Sequence[Span], acquire: str = "s", release: str = "e") -> list[float]:
+    """Idle time of a freed slot while work waits: each release matched to the next acquire.
+
+    Every span is in the backlog from the start, so after a release someone is waiting until
+    the last acquire. A release frees one slot; the next acquire (in time order) takes the
+    longest-free slot. Acquires with no earlier release (the initial fill) are not counted.
+    """
+    last_acquire = max((float(s[acquire]) for s in spans), default=0.0)
+    events = sorted(
+        [(float(s[release]), 0) for s in spans if float(s[release]) < last_acquire]
+        + [(float(s[acquire]), 1) for s in spans],
+    )
+    free: list[float] = []
+    gaps: list[float] = []
+    for at, is_acquire in events:
+        if not is_acquire:
+            free.append(at)
+        elif free:
+            gaps.append(at - free.pop(0))
+    return gaps
+
+
+def inversions(items: Sequence[tuple[int, float]]) -> int:
+    """Slots taken by a lower priority while a higher one, already queued, still waited.
+
+    ``items`` are ``(priority, acquired_at)`` of tasks that were all queued before the first
+    acquire. A task counts once if any task of higher priority acquired after it.
+    """
+    latest_at: dict[int, float] = {}
+    for priority, at in items:
+        latest_at[priority] = max(at, latest_at.get(priority, at))
+    count = 0
+    for priority, at in items:
+        later_higher = [t for p, t in latest_at.items() if p > priority]
+        if later_higher and max(later_higher) > at:
+            count += 1
+    return count

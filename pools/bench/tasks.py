@@ -1,0 +1,102 @@
+"""The task bodies the benchmark's workers run (``celery worker --include pools.bench.tasks``).
+
+Every body returns its own timestamps, so the benchmark counts and times from what the bodies
+saw, through the project's result backend, whatever the broker: ``{"i": index, "s": start,
+"e": end, "p": pid, "r": retries}`` (``time.time()``: one clock for every process here).
+
+One pooled task per bench pool (the pool a task waits in is fixed by its decorator), named
+``pools.bench.pooled.<pool>``; :data:`POOLED` maps the pool label to the task.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Task, current_task, shared_task
+
+from pools import current_claim, pooled
+
+#: Pool of W1 (throughput), W2 (hand-off), W3 (queue depth), W5 (recipe comparison), memory.
+W1_POOL = "bench-w1"
+W2_POOL = "bench-w2"
+W3_POOL = "bench-w3"
+W5_POOL = "bench-w5"
+MEM_POOL = "bench-mem"
+#: W4: many pools with one slot each, and two pools shared by a multi-pool task.
+MANY_POOLS = [f"bench-many-{n:03d}" for n in range(100)]
+MULTI_A, MULTI_B = "bench-multi-a", "bench-multi-b"
+MULTI_AB = f"{MULTI_A}+{MULTI_B}"
+#: W5 kill test: one pool per concurrent repetition.
+KILL_POOLS = [f"bench-kill-{n}" for n in range(5)]
+
+
+def span(i: int, sleep: float, retries: int = 0) -> dict[str, Any]:
+    """Run a body of ``sleep`` seconds (0: no-op) and return when and where it ran."""
+    start = time.time()
+    if sleep > 0:
+        time.sleep(sleep)
+    return {"i": i, "s": start, "e": time.time(), "p": os.getpid(), "r": retries}
+
+
+def hold_if_first(hold: float) -> None:
+    """Kill-test holder: on its first admission, publish its pid and hold the slot ``hold`` s.
+
+    The benchmark SIGKILLs the process while it holds. When the lapsed lease puts the entry
+    back in line and it is admitted again (a new fencing token), the body returns at once.
+    """
+    claim = current_claim()
+    if hold > 0 and claim is not None and claim.token == 1:
+        current_task.update_state(state="HOLDING", meta={"pid": os.getpid(), "at": time.time()})
+        time.sleep(hold)
+
+
+@shared_task(name="pools.bench.plain")
+def plain(i: int, sleep: float = 0.0) -> dict[str, Any]:
+    """The same body, undecorated: plain Celery."""
+    return span(i, sleep)
+
+
+def _pooled_task(label: str, demand: str | dict[str, int]) -> Task:
+    @shared_task(name=f"pools.bench.pooled.{label}")
+    @pooled(demand)
+    def run(i: int, sleep: float = 0.0, hold: float = 0.0) -> dict[str, Any]:
+        hold_if_first(hold)
+        return span(i, sleep, retries=current_task.request.retries or 0)
+
+    task: Task = run
+    return task
+
+
+def _demand(label: str) -> str | dict[str, int]:
+    if "+" in label:
+        return {name: 1 for name in label.split("+")}
+    return label
+
+
+#: Pool label (a pool name, or ``a+b`` for a multi-pool demand) -> its pooled task.
+POOLED: dict[str, Task] = {
+    label: _pooled_task(label, _demand(label))
+    for label in [
+        W1_POOL,
+        W2_POOL,
+        W3_POOL,
+        W5_POOL,
+        MEM_POOL,
+        *MANY_POOLS,
+        MULTI_A,
+        MULTI_B,
+        MULTI_AB,
+        *KILL_POOLS,
+    ]
+}
+
+
+def pool_names() -> list[str]:
+    """Every pool the benchmark may create."""
+    return sorted({name for label in POOLED for name in label.split("+")})
+
+
+# The recipe's task lives with its semaphore; imported here so ``--include`` registers it.
+from pools.bench import recipe  # noqa: E402,F401

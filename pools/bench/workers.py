@@ -1,0 +1,217 @@
+"""The benchmark's own ``celery worker`` subprocesses, their queues and their memory.
+
+Each worker runs the project's Celery app (``-A <app>``) with ``--include pools.bench.tasks``
+and consumes only the benchmark's queues, so the project's own workers and tasks are not
+touched. A *held queue* is one no worker consumes until :meth:`Fleet.consume` tells some
+workers to (``add_consumer``): a backlog of plain Celery messages is published there first,
+then released at once, like a paused pool.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The queue pooled deliveries of the benchmark go to (always consumed by the main workers).
+POOLED_QUEUE = "pools-bench"
+#: Plain Celery backlogs (W1 baseline) and the recipe (W5), held until released.
+PLAIN_QUEUE = "pools-bench-plain"
+RECIPE_QUEUE = "pools-bench-recipe"
+#: Plain Celery's pickup floor (W2): consumed by the 1x1 floor worker when released.
+FLOOR_QUEUE = "pools-bench-floor"
+#: Memory workers: one runs only plain tasks, the other only pooled ones.
+MEM_PLAIN_QUEUE = "pools-bench-mem-plain"
+MEM_POOLED_QUEUE = "pools-bench-mem"
+#: A queue nobody publishes to (a worker needs at least one).
+IDLE_QUEUE = "pools-bench-idle"
+
+ERROR_LINE = re.compile(r"(: (ERROR|CRITICAL)/|^Traceback)")
+
+
+@dataclass
+class Worker:
+    """One ``celery worker`` subprocess (prefork)."""
+
+    name: str
+    concurrency: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    _log_file: Any = field(default=None, repr=False)
+
+    def alive(self) -> bool:
+        """True while the master process runs."""
+        return self.proc.poll() is None
+
+    def children(self) -> list[int]:
+        """Pids of the prefork pool processes."""
+        return _children(self.proc.pid)
+
+    def rss(self) -> dict[str, Any]:
+        """Resident memory (bytes) of the master and of each pool process."""
+        kids = self.children()
+        return {"master": _rss(self.proc.pid), "children": [_rss(pid) for pid in kids]}
+
+    def error_lines(self) -> list[str]:
+        """Lines the worker logged at ERROR/CRITICAL level, and tracebacks."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if ERROR_LINE.search(line)]
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    try:
+        return [int(p) for p in path.read_text().split()]
+    except OSError:
+        pass
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+class Fleet:
+    """Starts, watches and stops the benchmark's workers."""
+
+    def __init__(self, app: Any, app_path: str, log_dir: Path, run_id: str) -> None:
+        self.app = app
+        self.app_path = app_path
+        self.log_dir = log_dir
+        self.run_id = run_id
+        self.workers: list[Worker] = []
+
+    def start(self, label: str, concurrency: int, queues: list[str]) -> Worker:
+        """Start one worker (returns at once; see :meth:`wait_ready`)."""
+        node = f"{label}-{self.run_id}"
+        log = self.log_dir / f"{node}.log"
+        log_file = log.open("wb")
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            self.app_path,
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{node}@%h",
+            "-Q",
+            ",".join(queues),
+            "--include",
+            "pools.bench.tasks",
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+            "-l",
+            "warning",
+        ]
+        proc = subprocess.Popen(
+            argv,
+            env=_worker_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the benchmark, which stops us cleanly
+        )
+        worker = Worker(
+            name=f"{node}@{socket.gethostname()}",
+            concurrency=concurrency,
+            proc=proc,
+            log=log,
+            _log_file=log_file,
+        )
+        self.workers.append(worker)
+        return worker
+
+    def wait_ready(self, workers: list[Worker], timeout: float = 90.0) -> None:
+        """Wait until each worker answers a ping; raise with its log if it died."""
+        deadline = time.monotonic() + timeout
+        pending = list(workers)
+        while pending:
+            for worker in list(pending):
+                if not worker.alive():
+                    tail = worker.log.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"worker {worker.name} exited while starting:\n{tail}")
+            replies = self.app.control.ping(destination=[w.name for w in pending], timeout=0.5)
+            answered = {name for reply in replies or [] for name in reply}
+            pending = [w for w in pending if w.name not in answered]
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(w.name for w in pending)
+                raise RuntimeError(f"workers did not answer a ping in {timeout:.0f} s: {names}")
+
+    def consume(self, queue: str, workers: list[Worker]) -> None:
+        """Make ``workers`` start consuming ``queue`` (releases a held backlog)."""
+        self._control("add_consumer", queue, workers)
+
+    def stop_consuming(self, queue: str, workers: list[Worker]) -> None:
+        """Make ``workers`` stop consuming ``queue``."""
+        self._control("cancel_consumer", queue, workers)
+
+    def _control(self, command: str, queue: str, workers: list[Worker]) -> None:
+        names = [w.name for w in workers]
+        replies = getattr(self.app.control, command)(
+            queue, destination=names, reply=True, timeout=5.0
+        )
+        answered = {name for reply in replies or [] for name in reply}
+        if set(names) - answered:
+            raise RuntimeError(f"{command} {queue}: no reply from {sorted(set(names) - answered)}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL whatever is left of each process group."""
+        for worker in self.workers:
+            if worker.alive():
+                worker.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for worker in self.workers:
+            try:
+                worker.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(worker.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            worker.proc.wait(timeout=timeout)
+            if worker._log_file is not None:
+                worker._log_file.close()
+
+
+def _worker_env() -> dict[str, str]:
+    """This process's environment, with the settings module and import path it runs with."""
+    from django.conf import settings
+
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
+    env["PYTHONUNBUFFERED"] = "1"
+    # The directory of manage.py (sys.path[0]) is where the project package lives.
+    paths = [p for p in (sys.path[0], os.getcwd()) if p]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
+    return env

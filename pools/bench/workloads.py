@@ -1,0 +1,237 @@
+"""W1 throughput, W2 hand-off latency, W3 queue depth, W4 many pools.
+
+Each function runs ``options.reps`` repetitions and stores, in ``ctx.results[<workload>]``,
+the raw figure of every repetition and its median/min/max.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+from pools.bench import backlog, stats, tasks
+from pools.bench.context import Context
+from pools.bench.runs import plain_run, pooled_run
+from pools.bench.workers import FLOOR_QUEUE, PLAIN_QUEUE
+from pools.models import EventKind, PoolEvent
+
+#: The 20 ms body of W1 (and W5).
+SLOW = 0.02
+
+
+def _body(sleep: float) -> str:
+    return "no-op" if sleep == 0 else f"{sleep * 1000:.0f} ms"
+
+
+def w1_throughput(ctx: Context) -> dict[str, Any]:
+    """Pooled vs plain tasks/s with a backlog, no-op and 20 ms bodies; the ratio."""
+    o = ctx.options
+    out: dict[str, Any] = {"slots": o.total_concurrency}
+    for sleep, count in ((0.0, o.tasks), (SLOW, o.slow_tasks)):
+        body = _body(sleep)
+        reps: dict[str, list[float]] = {k: [] for k in ("pooled", "plain", "ratio")}
+        reps.update({"submit_pooled": [], "submit_plain": [], "peak": [], "completed": []})
+        for rep in range(o.reps):
+            tag = f"{rep + 1}/{o.reps}"
+            plain = plain_run(
+                ctx,
+                f"W1 plain {body} {tag}",
+                tasks.plain,
+                count,
+                lambda j, s=sleep: [j, s],  # type: ignore[misc]
+                queue=PLAIN_QUEUE,
+                workers=ctx.main,
+            )
+            pooled = pooled_run(
+                ctx,
+                f"W1 pooled {body} {tag}",
+                [(tasks.POOLED[tasks.W1_POOL], range(count))],
+                [tasks.W1_POOL],
+                sleep=sleep,
+            )
+            reps["pooled"].append(pooled.throughput)
+            reps["plain"].append(plain.throughput)
+            reps["ratio"].append(pooled.throughput / plain.throughput)
+            reps["submit_pooled"].append(pooled.submit_rate)
+            reps["submit_plain"].append(plain.submit_rate)
+            reps["peak"].append(stats.max_concurrency(pooled.spans))
+            reps["completed"].append(len(pooled.spans))
+        out[body] = {
+            "tasks": count,
+            "reps": reps,
+            **{k: stats.summary(v) for k, v in reps.items() if k != "completed"},
+        }
+    return out
+
+
+def w2_handoff(ctx: Context) -> dict[str, Any]:
+    """A 1-slot pool with a line of short tasks; plain Celery's own pickup floor beside it."""
+    o = ctx.options
+    n = o.handoff_tasks
+    pool = tasks.W2_POOL
+    runs: dict[str, list[dict[str, float]]] = {"settle_to_start": [], "end_to_start": []}
+    runs["floor_end_to_start"] = []
+    samples: dict[str, list[float]] = {k: [] for k in runs}
+    gaps_counted: list[int] = []
+    peak = 0
+    assert ctx.floor is not None
+    for rep in range(o.reps):
+        tag = f"{rep + 1}/{o.reps}"
+        floor = plain_run(
+            ctx,
+            f"W2 plain floor (1x1) {tag}",
+            tasks.plain,
+            n,
+            lambda j: [j, 0.0],
+            queue=FLOOR_QUEUE,
+            workers=[ctx.floor],
+        )
+        pooled = pooled_run(
+            ctx, f"W2 pooled 1 slot {tag}", [(tasks.POOLED[pool], range(n))], [pool]
+        )
+        settled = dict(
+            PoolEvent.objects.filter(
+                kind=EventKind.SETTLED, pool=pool, key__in=list(pooled.keys.values())
+            ).values_list("key", "at")
+        )
+        marks = {i: settled[key].timestamp() for i, key in pooled.keys.items() if key in settled}
+        gaps = {
+            "settle_to_start": stats.gaps_after(pooled.spans, marks),
+            "end_to_start": stats.serial_gaps(pooled.spans),
+            "floor_end_to_start": stats.serial_gaps(floor.spans),
+        }
+        for k, values in gaps.items():
+            runs[k].append(stats.distribution(values))
+        samples_last = gaps
+        gaps_counted.append(len(gaps["settle_to_start"]))
+        peak = max(peak, stats.max_concurrency(pooled.spans))
+    for k in samples:
+        samples[k] = samples_last[k]
+    return {
+        "tasks": n,
+        "gaps_per_rep": gaps_counted,
+        "peak": peak,
+        "reps": runs,
+        **{
+            k: {q: stats.summary([r[q] for r in v]) for q in ("p50", "p95", "p99")}
+            for k, v in runs.items()
+        },
+        # The last repetition's gaps, for the plot.
+        "samples": samples,
+    }
+
+
+def _relation_bytes() -> dict[str, int] | None:
+    """Bytes of the entry, demand and event tables with their indexes (PostgreSQL only)."""
+    if connection.vendor != "postgresql":
+        return None
+    tables = ["pools_queueentry", "pools_demand", "pools_poolevent"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join("pg_total_relation_size(%s)" for _ in tables), tables)
+        row = cursor.fetchone()
+    return dict(zip(tables, (int(v) for v in row), strict=True)) if row else None
+
+
+def _waiting_filler(pool: str) -> int:
+    from pools.models import Demand
+
+    return int(Demand.objects.waiting().filter(pool__name=pool, priority=FILLER_PRIORITY).count())
+
+
+#: W3 filler entries wait behind the timed ones (lower priority), so the depth stays put.
+FILLER_PRIORITY = -1
+
+
+def w3_depth(ctx: Context) -> dict[str, Any]:
+    """The W1 loop through a pool whose line already holds 1k / 10k / 100k waiting entries."""
+    o = ctx.options
+    pool = tasks.W3_POOL
+    task = tasks.POOLED[pool]
+    template, _ = backlog.backlog(
+        task,
+        1,
+        lambda j: [-1, 0.0],
+        queue="pools-bench",
+        real=1,
+        priority_for=lambda j: FILLER_PRIORITY,
+    )
+    ctx.track(template)
+    out: dict[str, Any] = {"tasks": o.depth_tasks, "depths": {}}
+    memory: dict[str, Any] | None = None
+    for depth in sorted(o.depths):
+        have = _waiting_filler(pool)
+        before = _relation_bytes()
+        if depth > have:
+            ctx.track(
+                backlog.copy_entries(
+                    template[0],
+                    range(depth - have),
+                    lambda j: [-1, 0.0],
+                    lambda j: FILLER_PRIORITY,
+                )
+            )
+        after = _relation_bytes()
+        if before and after and depth - have >= 10000:
+            added = depth - have
+            memory = {
+                "rows_added": added,
+                "bytes_per_entry": {k: (after[k] - before[k]) / added for k in after},
+                "total_per_entry": (sum(after.values()) - sum(before.values())) / added,
+            }
+        per_rep: list[float] = []
+        seen_depths: list[int] = []
+        for rep in range(o.reps):
+            seen_depths.append(_waiting_filler(pool))
+            run = pooled_run(
+                ctx,
+                f"W3 depth {depth:,} {rep + 1}/{o.reps}",
+                [(task, range(o.depth_tasks))],
+                [pool],
+            )
+            per_rep.append(run.throughput)
+        out["depths"][str(depth)] = {
+            "waiting": seen_depths,
+            "reps": per_rep,
+            **stats.summary(per_rep),
+        }
+    lo, hi = min(o.depths), max(o.depths)
+    if lo != hi:
+        out["ratio"] = out["depths"][str(hi)]["median"] / out["depths"][str(lo)]["median"]
+        out["ratio_of"] = f"{hi}/{lo}"
+    out["memory"] = memory
+    return out
+
+
+def w4_many_pools(ctx: Context) -> dict[str, Any]:
+    """Tasks spread evenly over 100 one-slot pools; and a mix of one- and two-pool tasks."""
+    o = ctx.options
+    n = o.many_tasks
+    out: dict[str, Any] = {"tasks": n, "pools": len(tasks.MANY_POOLS)}
+    many_groups = [
+        (tasks.POOLED[name], range(p, n, len(tasks.MANY_POOLS)))
+        for p, name in enumerate(tasks.MANY_POOLS)
+    ]
+    multi_groups = [
+        (tasks.POOLED[tasks.MULTI_A], range(0, n, 3)),
+        (tasks.POOLED[tasks.MULTI_B], range(1, n, 3)),
+        (tasks.POOLED[tasks.MULTI_AB], range(2, n, 3)),
+    ]
+    for label, groups, pools in (
+        ("many", many_groups, tasks.MANY_POOLS),
+        ("multi", multi_groups, [tasks.MULTI_A, tasks.MULTI_B]),
+    ):
+        per_rep: list[float] = []
+        peaks: list[int] = []
+        for rep in range(o.reps):
+            run = pooled_run(
+                ctx,
+                f"W4 {label} pools {rep + 1}/{o.reps}",
+                [(t, idx) for t, idx in groups if len(idx)],
+                pools,
+                real=1,
+            )
+            per_rep.append(run.throughput)
+            peaks.append(stats.max_concurrency(run.spans))
+        out[label] = {"reps": per_rep, "peak": peaks, **stats.summary(per_rep)}
+    return out
