@@ -140,7 +140,9 @@ def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
     except (IntegrityError, ProgrammingError):
         raise  # a bug or a schema problem, not an outage: do not disguise it
     except DatabaseError as exc:
-        raise PoolUnavailable(f"pool state is unavailable: {exc}".strip()) from exc
+        raise PoolUnavailable(
+            f"pool state is unavailable (pools {', '.join(wanted)}): {exc}".strip()
+        ) from exc
 
 
 def _held_by_pool(pool_ids: Iterable[int]) -> dict[int, int]:

@@ -183,10 +183,27 @@ def _clean(ctx: Context, redis_url: str | None) -> None:
         client = redis.Redis.from_url(redis_url)
         client.delete(*ctx.semaphores)
         client.close()
+    _forget_queues(ctx.app)
     print(
         f"Removed {deleted} entries of the bench pools and {len(ctx.task_ids)} results.",
         file=sys.stderr,
     )
+
+
+def _forget_queues(app: Any) -> None:
+    """Redis broker: drop kombu's routing keys of the benchmark's queues (they are empty)."""
+    url = str(app.conf.broker_url or "")
+    if not url.startswith("redis"):
+        return
+    import redis
+
+    queues = [POOLED_QUEUE, PLAIN_QUEUE, RECIPE_QUEUE, FLOOR_QUEUE, IDLE_QUEUE]
+    queues += [MEM_PLAIN_QUEUE, MEM_POOLED_QUEUE]
+    client = redis.Redis.from_url(url)
+    try:
+        client.delete(*[f"_kombu.binding{kind}.{q}" for q in queues for kind in ("", "_permanent")])
+    finally:
+        client.close()
 
 
 def _require_result_backend(app: Any) -> None:

@@ -60,13 +60,18 @@ class Worker:
     _log_file: Any = field(repr=False, default=None)
 
     def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except OSError:
-            return ""
+        return read_log(self.log)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+
+def read_log(path: Path) -> str:
+    """A subprocess log, or '' if it is not there (yet)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.conftest import _LOGS, _worker_env, wait_for
+from tests.acceptance.conftest import _LOGS, _worker_env, read_log, wait_for
 
 #: Lease used by the fault tests; the heartbeat is a third of it (1 s).
 LEASE_SECONDS = 3.0
@@ -75,10 +75,7 @@ class Beat:
     _log_file: Any = field(repr=False, default=None)
 
     def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except OSError:
-            return ""
+        return read_log(self.log)
 
     def sweeps_sent(self) -> int:
         """How many ``pools: sweep`` messages beat has sent so far."""

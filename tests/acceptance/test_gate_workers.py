@@ -11,6 +11,7 @@ from celery.result import AsyncResult
 
 from pools import definitions, snapshot
 from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from tests.acceptance.faults_support import max_overlap
 from tests.testapp.tasks import ACCEPT_POOL, free_span, span
 
 pytestmark = [
@@ -23,17 +24,6 @@ pytestmark = [
 SLOTS = 3
 TASKS = 200
 RESULT_TIMEOUT = 120
-
-
-def max_overlap(spans: list[tuple[float, float]]) -> int:
-    """Largest number of ``[start, end)`` intervals covering one instant."""
-    # At equal times an end (-1) sorts before a start (+1): touching intervals do not overlap.
-    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    running = peak = 0
-    for _, step in edges:
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def test_max_overlap__counts_intervals_covering_one_instant():
