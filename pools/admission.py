@@ -46,6 +46,8 @@ from pools.exceptions import (
 from pools.models import HELD_STATES, Demand, EntryState, EventKind, Origin, Pool, QueueEntry
 from pools.specs import PoolSpec
 
+#: ``reason`` of a held entry whose termination was requested (``cancel(terminate=True)``).
+TERMINATING = "terminating"
 #: At most this many line rows are read per pool per round of an admission pass.
 LINE_BATCH = 200
 #: Bound on follow-up passes when a multi-pool head needs pools that were not locked.
@@ -443,9 +445,13 @@ def settle(
     Returns False, changing nothing, when the token is stale, the entry already settled,
     or (``live_lease=True``, used by workers) its lease has already lapsed.
     """
-    entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
+    entry = QueueEntry.objects.filter(pk=entry_id).only("demand", "reason").first()
     if entry is None:
         return False
+    if entry.reason == TERMINATING:
+        # cancel(terminate=True) was asked before the worker stopped the body; the
+        # attempt ends as a cancellation whatever state Celery gave it.
+        outcome, reason = EntryState.CANCELLED, "revoked"
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
         claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES)
@@ -513,6 +519,7 @@ def cancel(key: str, *, reason: str = "cancelled", terminate: bool = False) -> Q
     with locked_pools(entry.demand) as pools:
         entry.refresh_from_db()
         if entry.state in HELD_STATES and terminate:
+            QueueEntry.objects.filter(pk=entry.pk).update(reason=TERMINATING)
             transaction.on_commit(lambda: dispatch.bridge().terminate(key))
             return entry
         if entry.state != EntryState.WAITING:

@@ -1,0 +1,56 @@
+"""cancel(terminate=True) of a running pooled task, and worker liveness rows, on real workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pools
+from pools.models import EntryState, QueueEntry, WorkerNode
+from tests.acceptance import faults_support
+from tests.acceptance.faults_support import wait_for
+from tests.acceptance.test_results import TIMEOUT, holder  # noqa: F401  (fixture)
+from tests.testapp.fault_tasks import queued_member
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.acceptance,
+    pytest.mark.django_db(transaction=True),
+]
+
+shared_dir = faults_support.shared_dir
+
+
+def test_cancel_terminate__stops_running_task_and_frees_its_slots(holder, shared_dir: Path):  # noqa: F811
+    waiter = queued_member.delay(str(shared_dir), 7)
+    assert QueueEntry.objects.get(key=waiter.id).state == EntryState.WAITING
+
+    entry = pools.cancel(holder.result.id, terminate=True)
+    assert entry.state == EntryState.RUNNING, "running work is stopped by its worker, not here"
+
+    # The worker kills the body, reports REVOKED and releases the slot; the waiter runs.
+    assert waiter.get(timeout=TIMEOUT) == 7
+    assert holder.result.state == "REVOKED"
+    stopped = QueueEntry.objects.get(key=holder.result.id)
+    assert (stopped.state, stopped.reason) == (EntryState.CANCELLED, "revoked")
+
+
+def test_worker_nodes__each_worker_records_a_heartbeat(celery_workers):
+    workers = celery_workers(count=2, concurrency=1)
+    names = {w.name for w in workers}
+    wait_for(
+        lambda: names <= set(WorkerNode.objects.values_list("hostname", flat=True)),
+        TIMEOUT,
+        "a WorkerNode row for each worker",
+    )
+    first = {n.hostname: n.last_seen for n in WorkerNode.objects.filter(hostname__in=names)}
+    # The heartbeat keeps going (every HEARTBEAT_SECONDS; a third of the 30 s lease here).
+    wait_for(
+        lambda: all(
+            WorkerNode.objects.get(hostname=h).last_seen > seen for h, seen in first.items()
+        ),
+        20,
+        "a second heartbeat from each worker",
+    )
