@@ -102,6 +102,7 @@ def copy_entries(
     indexes: Sequence[int],
     args_for: Callable[[int], list[Any]],
     priority_for: Callable[[int], int] | None = None,
+    label: str = "",
 ) -> list[str]:
     """Write waiting copies of entry ``template_key`` (one per index) in bulk; returns the keys.
 
@@ -110,6 +111,7 @@ def copy_entries(
     template = QueueEntry.objects.get(key=template_key)
     demands = list(Demand.objects.filter(entry=template).values("pool_id", "slots"))
     keys: list[str] = []
+    progress = Progress(label, len(indexes)) if label else None
     for chunk_start in range(0, len(indexes), BULK):
         chunk = indexes[chunk_start : chunk_start + BULK]
         now = timezone.now()
@@ -155,6 +157,10 @@ def copy_entries(
                 for pool, slots in e.demand.items()
             )
         keys.extend(e.key for e in entries)
+        if progress is not None:
+            progress.update(len(keys))
+    if progress is not None:
+        progress.finish(len(keys))
     return keys
 
 
@@ -187,30 +193,46 @@ def backlog(
 def collect(
     app: Any, ids: Sequence[str], label: str, *, timeout: float, quiet: bool = False
 ) -> list[dict[str, Any]]:
-    """Wait for the results of ``ids`` (a progress bar on stderr); returns the bodies' reports."""
+    """Wait for the results of ``ids`` (a progress bar on stderr); returns the bodies' reports.
+
+    A result read while its writer is still writing it (the file backend writes in place)
+    fails to decode: polling starts again for the ids not yet read.
+    """
+    from kombu.exceptions import DecodeError
+
     spans: list[dict[str, Any]] = []
     failed: list[str] = []
+    pending = set(ids)
     progress = Progress(label, len(ids)) if not quiet else None
+    deadline = time.monotonic() + timeout
 
     def tick() -> None:
         if progress is not None:
             progress.update(len(spans) + len(failed))
 
-    try:
-        for task_id, meta in app.backend.get_many(
-            set(ids), timeout=timeout, interval=0.2, on_interval=tick
-        ):
-            if meta.get("status") == "SUCCESS" and isinstance(meta.get("result"), dict):
-                spans.append(meta["result"])
-            else:
-                failed.append(f"{task_id}: {meta.get('status')} {meta.get('result')!r}"[:300])
-            tick()
-    except Exception as exc:  # celery's TimeoutError and backend errors alike
-        if progress is not None:
-            progress.finish(len(spans) + len(failed), "(incomplete)")
-        raise BenchError(
-            f"{label}: {len(spans)} of {len(ids)} results after {timeout:.0f} s ({exc!r})"
-        ) from exc
+    while pending:
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError("no time left")
+            for task_id, meta in app.backend.get_many(
+                set(pending), timeout=left, interval=0.2, on_interval=tick
+            ):
+                pending.discard(task_id)
+                if meta.get("status") == "SUCCESS" and isinstance(meta.get("result"), dict):
+                    spans.append(meta["result"])
+                else:
+                    failed.append(f"{task_id}: {meta.get('status')} {meta.get('result')!r}"[:300])
+                tick()
+        except DecodeError:
+            time.sleep(0.05)  # a half-written result: read it again
+            continue
+        except Exception as exc:  # celery's TimeoutError and backend errors alike
+            if progress is not None:
+                progress.finish(len(spans) + len(failed), "(incomplete)")
+            raise BenchError(
+                f"{label}: {len(spans)} of {len(ids)} results within {timeout:.0f} s ({exc!r})"
+            ) from exc
     if progress is not None:
         progress.finish(len(spans) + len(failed))
     if failed:

@@ -44,7 +44,7 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=d.reps, help="repetitions (default 3)")
     parser.add_argument("--tasks", type=int, default=d.tasks, help="W1 no-op tasks (5000)")
     parser.add_argument(
-        "--slow-tasks", type=int, default=d.slow_tasks, help="W1 tasks with a 20 ms body (2000)"
+        "--slow-tasks", type=int, default=d.slow_tasks, help="W1 tasks with a 20 ms body (1000)"
     )
     parser.add_argument(
         "--handoff-tasks",
@@ -59,16 +59,16 @@ def add_arguments(parser: ArgumentParser) -> None:
         help="W3 entries already waiting (1000,10000,100000)",
     )
     parser.add_argument(
-        "--depth-tasks", type=int, default=d.depth_tasks, help="W3 tasks timed at each depth (1000)"
+        "--depth-tasks", type=int, default=d.depth_tasks, help="W3 tasks timed at each depth (500)"
     )
     parser.add_argument(
         "--many-tasks",
         type=int,
         default=d.many_tasks,
-        help="W4 tasks over 100 pools and over the multi-pool mix (2000)",
+        help="W4 tasks over 100 pools and over the multi-pool mix (1000)",
     )
     parser.add_argument(
-        "--recipe-tasks", type=int, default=d.recipe_tasks, help="W5 tasks per body kind (1000)"
+        "--recipe-tasks", type=int, default=d.recipe_tasks, help="W5 tasks per body kind (500)"
     )
     parser.add_argument(
         "--recipe-limit",
@@ -91,7 +91,7 @@ def add_arguments(parser: ArgumentParser) -> None:
         "--memory-tasks",
         type=int,
         default=d.memory_tasks,
-        help="tasks each memory worker runs before RSS is read (1000)",
+        help="tasks each memory worker runs before RSS is read (500)",
     )
     parser.add_argument("--workers", type=int, default=d.workers, help="main workers (2)")
     parser.add_argument(

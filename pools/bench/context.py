@@ -22,22 +22,22 @@ class Options:
     reps: int = 3
     #: W1: no-op tasks per repetition; and tasks with a 20 ms body.
     tasks: int = 5000
-    slow_tasks: int = 2000
+    slow_tasks: int = 1000
     #: W2: tasks queued behind a 1-slot pool.
     handoff_tasks: int = 500
     #: W3: entries already waiting; tasks timed at each depth.
     depths: tuple[int, ...] = (1000, 10000, 100000)
-    depth_tasks: int = 1000
+    depth_tasks: int = 500
     #: W4: tasks spread over 100 pools, and over the multi-pool mix.
-    many_tasks: int = 2000
+    many_tasks: int = 1000
     #: W5: tasks per body kind; the limit (default: half the total concurrency); recipe TTL.
-    recipe_tasks: int = 1000
+    recipe_tasks: int = 500
     recipe_limit: int | None = None
     recipe_ttl: float = 60.0
     #: Redis URL of the recipe's semaphore (default: the broker, if it is Redis).
     recipe_redis: str | None = None
     #: Memory: tasks each memory worker runs before its RSS is read.
-    memory_tasks: int = 1000
+    memory_tasks: int = 500
     #: Main workers and the prefork concurrency of each.
     workers: int = 2
     concurrency: int = 4

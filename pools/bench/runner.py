@@ -18,19 +18,26 @@ from pools import conf
 from pools.bench import backlog, report
 from pools.bench.context import Context, Options
 from pools.bench.workers import (
+    FLOOR_QUEUE,
     IDLE_QUEUE,
     MEM_PLAIN_QUEUE,
     MEM_POOLED_QUEUE,
     PLAIN_QUEUE,
     POOLED_QUEUE,
+    RECIPE_QUEUE,
     Fleet,
 )
 
 
 def default_app_path() -> str:
     """The package of the settings module (``example_project.settings`` -> ``example_project``)."""
-    module = settings.SETTINGS_MODULE or ""
+    module = settings_module()
     return module.rsplit(".", 1)[0] if "." in module else module
+
+
+def settings_module() -> str:
+    """The settings module in use (``override_settings`` hides it: then the environment's)."""
+    return str(settings.SETTINGS_MODULE or os.environ.get("DJANGO_SETTINGS_MODULE") or "")
 
 
 def load_app(path: str) -> Any:
@@ -82,7 +89,11 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
         print("Stopping the benchmark's workers and cleaning up ...", file=sys.stderr)
         ctx.fleet.stop()
         if not options.keep:
-            _clean(ctx, redis_url)
+            try:
+                _clean(ctx, redis_url)
+            except Exception as exc:  # report what was measured all the same
+                ctx.notes.append(f"clean-up failed: {exc!r}")
+                print(f"Clean-up failed: {exc!r}", file=sys.stderr)
     ctx.results["meta"]["loadavg_after"] = _loadavg()
     ctx.results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     ctx.results["notes"] = ctx.notes
@@ -255,8 +266,27 @@ def _meta(ctx: Context) -> dict[str, Any]:
         "concurrency": o.concurrency,
         "reps": o.reps,
         "app": ctx.app_path,
+        "revision": _revision(),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()},
     }
+
+
+def _revision() -> str:
+    """``git describe`` of the pools checkout, when it is one (else empty)."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        return ""
 
 
 def _transport(app: Any) -> str:

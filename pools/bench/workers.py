@@ -206,10 +206,10 @@ class Fleet:
 
 def _worker_env() -> dict[str, str]:
     """This process's environment, with the settings module and import path it runs with."""
-    from django.conf import settings
+    from pools.bench.runner import settings_module
 
     env = dict(os.environ)
-    env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
+    env["DJANGO_SETTINGS_MODULE"] = settings_module()
     env["PYTHONUNBUFFERED"] = "1"
     # The directory of manage.py (sys.path[0]) is where the project package lives.
     paths = [p for p in (sys.path[0], os.getcwd()) if p]

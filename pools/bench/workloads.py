@@ -169,6 +169,7 @@ def w3_depth(ctx: Context) -> dict[str, Any]:
                     range(depth - have),
                     lambda j: [-1, 0.0],
                     lambda j: FILLER_PRIORITY,
+                    label=f"W3 filling the line to {depth:,}",
                 )
             )
         after = _relation_bytes()
