@@ -34,7 +34,7 @@ from django.db import DatabaseError, IntegrityError, ProgrammingError, connectio
 from django.db.models import F, Sum
 from django.utils import timezone
 
-from pools import conf, dispatch, events
+from pools import conf, dispatch, events, sqlpath
 from pools.exceptions import (
     DemandExceedsCapacity,
     EntryNotFound,
@@ -343,10 +343,9 @@ def _admit_in(pools: dict[str, Pool], now: datetime, finished: Sequence[Finished
     return _still_needed(step, pools)
 
 
-def _follow_up(needs: set[str]) -> None:
+def _follow_up(needs: set[str]) -> list[Admission]:
     """After commit: admit multi-pool heads whose pools were not all locked."""
-    if needs:
-        _run_pass(needs)
+    return _run_pass(needs).admissions if needs else []
 
 
 def admit(names: Iterable[str]) -> list[Admission]:
@@ -381,6 +380,11 @@ def enqueue(sub: Submission) -> Enqueued:
     """
     now = timezone.now()
     spec = sub.spec
+    deadline = None
+    if spec.queue_timeout is not None:
+        deadline = max(now, sub.not_before or now) + timedelta(seconds=spec.queue_timeout)
+    if sqlpath.enabled(EventKind.ENQUEUED, EventKind.ADMITTED):
+        return _enqueue_in_one_call(sub, now, deadline)
     with locked_pools(spec.demand) as pools:
         for name, slots in spec.demand.items():
             pool = pools.get(name)
@@ -390,9 +394,6 @@ def enqueue(sub: Submission) -> Enqueued:
                 raise DemandExceedsCapacity(name, slots, pool.slots)
             if pool.max_queued is not None and _line_reaches(pool, pool.max_queued):
                 raise PoolFull(name, pool.max_queued)
-        deadline = None
-        if spec.queue_timeout is not None:
-            deadline = max(now, sub.not_before or now) + timedelta(seconds=spec.queue_timeout)
         entry = QueueEntry.objects.create(
             key=sub.key,
             task_name=sub.task_name,
@@ -430,6 +431,70 @@ def enqueue(sub: Submission) -> Enqueued:
     )
 
 
+def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
+    """:func:`enqueue` as one call of ``pools_enqueue_v1`` (PostgreSQL fast path)."""
+    spec = sub.spec
+    rows = sqlpath.call(
+        "pools_enqueue_v1",
+        [
+            sub.key,
+            sub.task_name,
+            sqlpath.jsonb(list(sub.args)),
+            sqlpath.jsonb(dict(sub.kwargs)),
+            sqlpath.jsonb(sub.options),
+            sqlpath.jsonb(dict(spec.demand)),
+            spec.priority,
+            now,
+            sub.not_before,
+            deadline,
+            sub.origin,
+            sub.root_id or "",
+            sub.parent_id or "",
+            sub.attempt,
+            conf.get().LEASE_SECONDS,
+            sqlpath.lock_ms(),
+        ],
+        what=f"pools {', '.join(sorted(spec.demand))}",
+    )
+    kind, entry_id, _, limit, why, *_, pool = rows[0]
+    if kind == "refused":
+        if why == "unknown":
+            raise UnknownPool(pool)
+        if why == "capacity":
+            raise DemandExceedsCapacity(pool, entry_id, limit)
+        raise PoolFull(pool, limit)
+    admissions = _admissions_of(rows)
+    dispatch.after_commit(admissions, [])
+    admissions += _follow_up(_fallbacks_of(rows))
+    return Enqueued(
+        entry_id=entry_id,
+        key=sub.key,
+        admitted=any(a.entry_id == entry_id for a in admissions),
+    )
+
+
+def _admissions_of(rows: Sequence[tuple[Any, ...]]) -> list[Admission]:
+    """The ``admitted`` rows of a fast-path call (see ``pools/sql/admission_v1.sql``)."""
+    return [
+        Admission(
+            entry_id=row[1],
+            key=row[2],
+            token=row[3],
+            task_name=row[4],
+            args=sqlpath.json_value(row[5]),
+            kwargs=sqlpath.json_value(row[6]),
+            options=sqlpath.json_value(row[7]),
+        )
+        for row in rows
+        if row[0] == "admitted"
+    ]
+
+
+def _fallbacks_of(rows: Sequence[tuple[Any, ...]]) -> set[str]:
+    """Pools whose head the function left to the full pass (multi-pool, deadline, not_before)."""
+    return {row[8] for row in rows if row[0] == "fallback"}
+
+
 def _line_reaches(pool: Pool, count: int) -> bool:
     """True if the pool has at least ``count`` waiting entries (reads at most ``count`` rows)."""
     if count <= 0:
@@ -445,6 +510,8 @@ def settle(
     Returns False, changing nothing, when the token is stale, the entry already settled,
     or (``live_lease=True``, used by workers) its lease has already lapsed.
     """
+    if sqlpath.enabled(EventKind.SETTLED, EventKind.ADMITTED):
+        return _settle_in_one_call(entry_id, token, outcome, reason, live_lease)
     entry = QueueEntry.objects.filter(pk=entry_id).only("demand", "reason").first()
     if entry is None:
         return False
@@ -466,6 +533,32 @@ def settle(
     if changed:
         _follow_up(needs)
     return bool(changed)
+
+
+def _settle_in_one_call(
+    entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
+) -> bool:
+    """:func:`settle` as one call of ``pools_settle_v1`` (PostgreSQL fast path)."""
+    settings = conf.get()
+    rows = sqlpath.call(
+        "pools_settle_v1",
+        [
+            entry_id,
+            token,
+            outcome,
+            reason,
+            live_lease,
+            timezone.now(),
+            settings.LEASE_SECONDS,
+            sqlpath.lock_ms(),
+        ],
+        what=f"settling entry {entry_id}",
+    )
+    if not rows:
+        return False
+    dispatch.after_commit(_admissions_of(rows), [])
+    _follow_up(_fallbacks_of(rows))
+    return True
 
 
 def requeue(

@@ -39,6 +39,9 @@ class PoolsSettings:
     #: Task names that are pooled even where the decorator is not imported
     #: (``send_task`` callers): ``{"app.tasks.export": {"pools": {"warehouse": 2}}}``.
     TASKS: dict[str, dict[str, Any]]
+    #: On PostgreSQL, settle+admit and start run as one stored-function call each (one round
+    #: trip, locks held for microseconds). ``False`` uses the portable ORM path everywhere.
+    SQL_FAST_PATH: bool = True
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -55,6 +58,7 @@ _POSITIVE_NUMBERS = {
     "RETENTION_SECONDS",
     "NODE_TIMEOUT_SECONDS",
 }
+_BOOLEANS = {"SQL_FAST_PATH"}
 _KNOWN = {f.name for f in fields(PoolsSettings)}
 _cached: PoolsSettings | None = None
 
@@ -88,6 +92,11 @@ def _load() -> PoolsSettings:
                 raise PoolConfigurationError(
                     f"settings.POOLS[{key!r}] must be a positive number of seconds, got {value!r}."
                 )
+    for key in _BOOLEANS:
+        if key in raw and not isinstance(raw[key], bool):
+            raise PoolConfigurationError(
+                f"settings.POOLS[{key!r}] must be True or False, got {raw[key]!r}."
+            )
     values.update({k: v for k, v in raw.items() if k not in _DICT_KEYS})
     return PoolsSettings(**values)
 

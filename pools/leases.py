@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from pools import conf, events
+from pools import conf, events, sqlpath
 from pools.models import EntryState, EventKind, QueueEntry
 
 
@@ -33,7 +33,21 @@ class Claim:
 def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     """Mark an admitted entry running on ``worker``; None if the token is stale or it already ran."""
     now = timezone.now()
-    until = now + timedelta(seconds=conf.get().LEASE_SECONDS)
+    lease = conf.get().LEASE_SECONDS
+    if sqlpath.enabled(EventKind.STARTED):
+        rows = sqlpath.call(
+            "pools_start_v1", [entry_id, token, worker[:255], now, lease], what="starting a claim"
+        )
+        if not rows:
+            return None
+        demand, until = rows[0]
+        return Claim(
+            entry_id=entry_id,
+            token=token,
+            demand=sqlpath.json_value(demand),
+            lease_expires_at=until,
+        )
+    until = now + timedelta(seconds=lease)
     changed = QueueEntry.objects.filter(pk=entry_id, token=token, state=EntryState.ADMITTED).update(
         state=EntryState.RUNNING, started_at=now, worker=worker[:255], lease_expires_at=until
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -57,9 +58,23 @@ def recorder(settings: pytest.FixtureRequest) -> Iterator[object]:
     pools = dict(settings.POOLS)  # type: ignore[attr-defined]
     pools["PUBLISHER"] = "tests.bridge.recorder"
     settings.POOLS = pools  # type: ignore[attr-defined]
+    from pools import dispatch
+
     rec.reset()
+    dispatch._scheduled.clear()  # wake-ups remembered by this process belong to one test
     yield rec
     rec.reset()
+
+
+def _admission_paths() -> list[str]:
+    return ["sql", "orm"] if os.environ.get("POOLS_TEST_DB") == "postgres" else ["orm"]
+
+
+@pytest.fixture(params=_admission_paths())
+def admission_path(request: pytest.FixtureRequest, settings: Any) -> str:
+    """Run a test on PostgreSQL's stored-function fast path and on the portable ORM path."""
+    settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": request.param == "sql"}
+    return str(request.param)
 
 
 #: Apps whose tables a transactional test flushes (much faster than flushing every app).

@@ -83,6 +83,9 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "memory://")
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "cache+memory://")
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Keep worker database connections between tasks (Celery's Django fixup otherwise closes
+# them before and after every task, and each pooled task would reconnect to settle).
+CELERY_DB_REUSE_MAX = 1000
 
 POOLS: dict[str, Any] = {
     "DEFINITIONS": {

@@ -99,6 +99,9 @@ _results.mkdir(exist_ok=True)
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", _results.as_uri())
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Keep worker database connections between tasks (Celery's Django fixup otherwise closes
+# them before and after every task, and each pooled task would reconnect to settle).
+CELERY_DB_REUSE_MAX = 1000
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Beat reads its schedule from the database; `migrate` registers the pools sweep there.
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

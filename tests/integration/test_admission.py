@@ -19,7 +19,10 @@ from pools.models import Demand, EntryState, EventKind, PoolEvent, QueueEntry
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
-pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
+pytestmark = [
+    pytest.mark.django_db(transaction=True, available_apps=POOL_APPS),
+    pytest.mark.usefixtures("admission_path"),  # both paths on PostgreSQL
+]
 
 
 def finish(rec, key: str, outcome: str = "succeeded") -> bool:

@@ -46,7 +46,9 @@ def test_delay__creates_entry_with_task_id_and_publishes_with_claim(published):
 def test_apply_async__pool_options_and_countdown(published):
     make_pool("warehouse", 1)
     before = timezone.now()
-    result = record.apply_async((1,), countdown=60, pool_options={"priority": 9, "queue_timeout": 30})
+    result = record.apply_async(
+        (1,), countdown=60, pool_options={"priority": 9, "queue_timeout": 30}
+    )
     entry = QueueEntry.objects.get(key=result.id)
     assert entry.priority == 9
     assert entry.not_before >= before + timedelta(seconds=59)

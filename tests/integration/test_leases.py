@@ -14,11 +14,14 @@ from django.utils import timezone
 from pools import admission, leases, sweeps
 from pools.exceptions import LeaseLost
 from pools.keeper import LeaseKeeper, body_running
-from pools.models import EntryState, QueueEntry
+from pools.models import EntryState, EventKind, PoolEvent, QueueEntry
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
-pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
+pytestmark = [
+    pytest.mark.django_db(transaction=True, available_apps=POOL_APPS),
+    pytest.mark.usefixtures("admission_path"),  # both paths on PostgreSQL
+]
 
 
 def lapse(key: str) -> None:
@@ -61,6 +64,45 @@ def test_sweep__lapsed_lease_returns_entry_to_its_place(recorder):
     # The dead worker's late completion carries the old token and is ignored.
     assert not admission.settle(first.entry_id, first.token, "succeeded")
     assert QueueEntry.objects.get(key="second").state == EntryState.WAITING
+
+
+def test_sweep__schedules_a_reclaim_at_a_lease_end_before_the_next_sweep(recorder, settings):
+    settings.POOLS = {**settings.POOLS, "SWEEP_SECONDS": 5}
+    make_pool("p", 1)
+    make_pool("q", 1)
+    submit("p", key="soon")
+    submit("q", key="later")
+    now = timezone.now()
+    QueueEntry.objects.filter(key="soon").update(lease_expires_at=now + timedelta(seconds=2))
+    QueueEntry.objects.filter(key="later").update(lease_expires_at=now + timedelta(seconds=20))
+    sweeps.sweep(now)
+    # One timed wake-up, for the pool of the lease that ends before the next sweep.
+    assert recorder.wakes == [(["p"], now + timedelta(seconds=2) + sweeps.LAPSE_MARGIN)]
+
+
+def test_sweep__no_reclaim_wake_up_when_no_lease_ends_before_the_next_sweep(recorder, settings):
+    settings.POOLS = {**settings.POOLS, "SWEEP_SECONDS": 5}
+    make_pool("p", 1)
+    submit("p", key="later")
+    sweeps.sweep()
+    assert recorder.wakes == []
+
+
+def test_admit_task__reclaims_lapsed_leases_before_admitting(recorder):
+    from pools.tasks import admit
+
+    make_pool("p", 1)
+    submit("p", key="dead")
+    submit("p", key="next")
+    dead = recorder.admissions[0]
+    leases.start(dead.entry_id, dead.token, worker="gone")
+    lapse("dead")
+    admit(["p"])  # what the timed wake-up runs
+    requeued = PoolEvent.objects.get(key="dead", kind=EventKind.REQUEUED)
+    assert requeued.detail["reason"] == "lease lapsed"
+    # Back at the head of the line and admitted again with a new token.
+    assert recorder.keys() == ["dead", "dead"]
+    assert QueueEntry.objects.get(key="dead").token == dead.token + 1
 
 
 def test_sweep__lapsed_lease_past_deadline_expires(recorder):

@@ -4,6 +4,10 @@
   blocks admission on that pool until it ends; with ``LOCK_TIMEOUT_SECONDS`` the wait is
   bounded and surfaces as :class:`PoolUnavailable` with nothing written.
 * The admission query count is pinned, and does not grow with the length of the line.
+
+Enqueue and settle run two ways on PostgreSQL: one call of a stored function
+(``pools_enqueue_v1``, ``pools_settle_v1``: the default fast path) and the portable ORM
+path (``SQL_FAST_PATH=False``); the tests run on both (``admission_path``).
 """
 
 from __future__ import annotations
@@ -34,14 +38,14 @@ pytestmark = [
     pytest.mark.django_db(transaction=True, available_apps=POOL_APPS),
 ]
 
-#: Queries of one enqueue that is admitted at once (BEGIN and COMMIT included).
-ENQUEUE_ADMITTED = 12
-#: Queries of one enqueue into a full pool (the entry waits).
-ENQUEUE_WAITING = 8
-#: Queries of one settle that admits its successor(s).
-SETTLE_AND_ADMIT = 14
-#: Queries of one settle with nobody waiting.
-SETTLE_ALONE = 11
+#: Queries of one enqueue that is admitted at once (BEGIN and COMMIT included), per path.
+ENQUEUE_ADMITTED = {"sql": 1, "orm": 12}
+#: Queries of one enqueue into a full pool (the entry waits), per path.
+ENQUEUE_WAITING = {"sql": 1, "orm": 8}
+#: Queries of one settle that admits its successor(s), per path.
+SETTLE_AND_ADMIT = {"sql": 1, "orm": 14}
+#: Queries of one settle with nobody waiting, per path.
+SETTLE_ALONE = {"sql": 1, "orm": 11}
 #: The server cancels the lock wait (lock_timeout and statement_timeout are set equal,
 #: so either may be the one reported).
 LOCK_TIMED_OUT = r"canceling statement due to (lock|statement) timeout"
@@ -160,7 +164,7 @@ def settle_key(rec: Any, key: str, outcome: str = "succeeded") -> bool:
 # --------------------------------------------------------------------------- (a) blocking
 
 
-def test_held_pool_lock__blocks_enqueue_until_released(recorder, settings):
+def test_held_pool_lock__blocks_enqueue_until_released(recorder, settings, admission_path):
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=60)
     make_pool("p", 1)
     with pool_row_locked("p") as locker:
@@ -178,7 +182,7 @@ def test_held_pool_lock__blocks_enqueue_until_released(recorder, settings):
     assert QueueEntry.objects.get(key="blocked").state == EntryState.ADMITTED
 
 
-def test_held_pool_lock__blocks_settle_until_released(recorder, settings):
+def test_held_pool_lock__blocks_settle_until_released(recorder, settings, admission_path):
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=60)
     make_pool("p", 1)
     submit("p", key="run")
@@ -194,7 +198,7 @@ def test_held_pool_lock__blocks_settle_until_released(recorder, settings):
     assert recorder.keys() == ["run", "next"]
 
 
-def test_multi_pool_enqueue__waits_for_every_pool_it_names(recorder, settings):
+def test_multi_pool_enqueue__waits_for_every_pool_it_names(recorder, settings, admission_path):
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=60)
     make_pool("a", 1)
     make_pool("b", 1)
@@ -211,7 +215,9 @@ def test_multi_pool_enqueue__waits_for_every_pool_it_names(recorder, settings):
 # --------------------------------------------------------------------------- (b) timeout
 
 
-def test_lock_timeout__enqueue_raises_pool_unavailable_and_writes_nothing(recorder, settings):
+def test_lock_timeout__enqueue_raises_pool_unavailable_and_writes_nothing(
+    recorder, settings, admission_path
+):
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
     make_pool("p", 2)
     events_before = PoolEvent.objects.count()
@@ -230,7 +236,9 @@ def test_lock_timeout__enqueue_raises_pool_unavailable_and_writes_nothing(record
     assert recorder.keys() == ["after"]
 
 
-def test_lock_timeout__settle_raises_and_the_claim_is_still_held(recorder, settings):
+def test_lock_timeout__settle_raises_and_the_claim_is_still_held(
+    recorder, settings, admission_path
+):
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="next")
@@ -249,41 +257,43 @@ def test_lock_timeout__settle_raises_and_the_claim_is_still_held(recorder, setti
 # --------------------------------------------------------------------------- (c) query count
 
 
-def test_queries__enqueue_into_free_pool(recorder, django_assert_num_queries):
+def test_queries__enqueue_into_free_pool(recorder, admission_path, django_assert_num_queries):
     make_pool("p", 2)
-    with django_assert_num_queries(ENQUEUE_ADMITTED):
+    with django_assert_num_queries(ENQUEUE_ADMITTED[admission_path]):
         assert submit("p", key="a").admitted
 
 
-def test_queries__enqueue_into_full_pool(recorder, django_assert_num_queries):
+def test_queries__enqueue_into_full_pool(recorder, admission_path, django_assert_num_queries):
     make_pool("p", 1)
     submit("p", key="run")
-    with django_assert_num_queries(ENQUEUE_WAITING):
+    with django_assert_num_queries(ENQUEUE_WAITING[admission_path]):
         assert not submit("p", key="wait").admitted
 
 
-def test_queries__settle_admits_one_successor(recorder, django_assert_num_queries):
+def test_queries__settle_admits_one_successor(recorder, admission_path, django_assert_num_queries):
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="next")
-    with django_assert_num_queries(SETTLE_AND_ADMIT):
+    with django_assert_num_queries(SETTLE_AND_ADMIT[admission_path]):
         assert settle_key(recorder, "run")
     assert recorder.keys() == ["run", "next"]
 
 
-def test_queries__settle_with_empty_line(recorder, django_assert_num_queries):
+def test_queries__settle_with_empty_line(recorder, admission_path, django_assert_num_queries):
     make_pool("p", 1)
     submit("p", key="run")
-    with django_assert_num_queries(SETTLE_ALONE):
+    with django_assert_num_queries(SETTLE_ALONE[admission_path]):
         assert settle_key(recorder, "run")
 
 
-def test_queries__settle_admitting_three_costs_the_same_as_one(recorder, django_assert_num_queries):
+def test_queries__settle_admitting_three_costs_the_same_as_one(
+    recorder, admission_path, django_assert_num_queries
+):
     make_pool("p", 3)
     submit("p", 3, key="big")
     for k in ("x", "y", "z"):
         submit("p", key=k)
-    with django_assert_num_queries(SETTLE_AND_ADMIT):
+    with django_assert_num_queries(SETTLE_AND_ADMIT[admission_path]):
         assert settle_key(recorder, "big")
     assert recorder.keys() == ["big", "x", "y", "z"]
 
@@ -305,24 +315,24 @@ def _settle_cost(rec: Any, pool: str, waiting: int) -> tuple[int, float]:
     return len(ctx.captured_queries), took
 
 
-def test_queries__settle_cost_does_not_depend_on_line_length(recorder):
+def test_queries__settle_cost_does_not_depend_on_line_length(recorder, admission_path):
     short, short_s = _settle_cost(recorder, "short", 10)
     long, long_s = _settle_cost(recorder, "long", 2000)
     print(
         f"\nsettle+admit: 10 waiting -> {short} queries {short_s * 1000:.1f}ms; "
         f"2000 waiting -> {long} queries {long_s * 1000:.1f}ms"
     )
-    assert short == long == SETTLE_AND_ADMIT
+    assert short == long == SETTLE_AND_ADMIT[admission_path]
 
 
 @pytest.mark.parametrize("waiting", [10, 2000])
 def test_queries__enqueue_cost_does_not_depend_on_line_length(
-    recorder, waiting, django_assert_num_queries
+    recorder, admission_path, waiting, django_assert_num_queries
 ):
     make_pool("p", 1)
     submit("p", key="run")
     bulk_waiting("p", waiting)
-    with django_assert_num_queries(ENQUEUE_WAITING):
+    with django_assert_num_queries(ENQUEUE_WAITING[admission_path]):
         assert not submit("p", key="one-more").admitted
 
 
