@@ -58,6 +58,13 @@ def after_commit(
         transaction.on_commit(lambda: _wake(due))
 
 
+def wake(pools: Sequence[str], when: datetime) -> None:
+    """Ask the bridge for an admission pass over ``pools`` at ``when`` (not on commit)."""
+    due = {pool: when for pool in pools if _should_wake(pool, when)}
+    if due:
+        _wake(due)
+
+
 def _wake(due: dict[str, datetime]) -> None:
     target = bridge()
     wake_at = getattr(target, "wake_at", None)  # optional for custom bridges

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.utils import timezone
 
 from pools import admission, sweeps
 
@@ -21,5 +22,9 @@ def sweep() -> dict[str, int]:
 
 @shared_task(name="pools.admit", ignore_result=True)
 def admit(pools: list[str]) -> int:
-    """Run admission over ``pools`` (timed wake-up for a head whose ``not_before`` arrived)."""
+    """Timed wake-up: reclaim lapsed leases, then run admission over ``pools``.
+
+    Sent for a head whose ``not_before`` arrives and for a lease about to lapse.
+    """
+    sweeps.reclaim(timezone.now())
     return len(admission.admit(pools))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import current_task, signals
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, WorkerLostError
 
 from pools import leases
 from pools.exceptions import LeaseLost
@@ -58,6 +58,16 @@ def parse_claim(value: Any) -> tuple[int, int] | None:
         return None
 
 
+def claim_of(request: Any) -> tuple[int, int] | None:
+    """The ``(entry id, token)`` a delivery carries, from its headers or request attributes."""
+    if request is None:
+        return None
+    raw = (getattr(request, "headers", None) or {}).get("pools_claim") or getattr(
+        request, "pools_claim", None
+    )
+    return parse_claim(raw)
+
+
 def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run ``fn`` if the current delivery holds a valid claim (called by the wrapped ``run``)."""
     task = current_task
@@ -65,12 +75,12 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     if request is None or request.called_directly or request.is_eager:
         # A direct call or eager mode: the caller asked to run it here and now.
         return fn(*args, **kwargs)
-    raw = (request.headers or {}).get("pools_claim") or getattr(request, "pools_claim", None)
-    parsed = parse_claim(raw)
+    parsed = claim_of(request)
     if parsed is None:
         _enqueue_unclaimed(task, request)
         raise Ignore()
     entry_id, token = parsed
+    _drop_broken_connection()
     claim = leases.start(entry_id, token, worker=request.hostname or "")
     if claim is None:
         logger.warning(
@@ -97,6 +107,14 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         raise
     finally:
         _local.claim = None
+
+
+def _drop_broken_connection() -> None:
+    """Reconnect after a database error (connections are kept between tasks, see below)."""
+    from django.db import connection
+
+    if connection.errors_occurred and not connection.is_usable():
+        connection.close()
 
 
 def _enqueue_unclaimed(task: Any, request: Any) -> None:
@@ -130,6 +148,7 @@ def _settle_after_run(
     from pools import admission
 
     lost, expires_at = keeper.release(claim.entry_id)
+    _drop_broken_connection()
     try:
         if lost:
             admission.requeue(claim.entry_id, claim.token, reason="lease lost")
@@ -147,12 +166,7 @@ def _settle_after_run(
 @signals.task_revoked.connect(dispatch_uid="pools.worker.revoked")
 def _release_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     """A revoked/terminated/expired delivery (worker main process) gives its slots back."""
-    if request is None:
-        return
-    raw = (getattr(request, "headers", None) or {}).get("pools_claim") or getattr(
-        request, "pools_claim", None
-    )
-    parsed = parse_claim(raw)
+    parsed = claim_of(request)
     if parsed is None:
         return
     from pools import admission
@@ -161,6 +175,31 @@ def _release_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> 
         admission.settle(parsed[0], parsed[1], "cancelled", reason="revoked")
     except Exception:
         logger.exception("Could not release revoked entry %s; its lease will lapse", parsed[0])
+
+
+@signals.task_failure.connect(dispatch_uid="pools.worker.lost")
+def _requeue_lost(
+    sender: Any = None, exception: BaseException | None = None, **kwargs: Any
+) -> None:
+    """A pool process died under a pooled body (SIGKILL, OOM killer): requeue it at once.
+
+    Celery's main process reports the death as ``WorkerLostError`` with the request of the
+    lost delivery; the body cannot be running any more, so its slots need not wait for the
+    lease to lapse. (With ``task_reject_on_worker_lost`` Celery redelivers the message
+    instead and sends no signal; then the lease lapses as for a lost node.)
+    """
+    if not isinstance(exception, WorkerLostError):
+        return
+    parsed = claim_of(getattr(sender, "request", None))
+    if parsed is None:
+        return
+    from pools import admission
+
+    try:
+        if admission.requeue(parsed[0], parsed[1], reason="worker lost"):
+            logger.warning("Entry %s requeued: its worker process was lost", parsed[0])
+    except Exception:
+        logger.exception("Could not requeue lost entry %s; its lease will lapse", parsed[0])
 
 
 class _NodeHeartbeat(threading.Thread):
@@ -196,6 +235,19 @@ def _gate_declared_tasks(sender: Any = None, **kwargs: Any) -> None:
         app.loader.import_default_modules()
         for name in gate.pool_declared_tasks(app):
             logger.info("Task %s is pooled by POOLS['TASKS']", name)
+
+
+@signals.worker_init.connect(dispatch_uid="pools.worker.db_reuse")
+def _warn_about_reconnects(sender: Any = None, **kwargs: Any) -> None:
+    """Celery's Django fixup closes DB connections around every task unless told otherwise."""
+    app = getattr(sender, "app", None)
+    if app is not None and not app.conf.get("db_reuse_max"):
+        logger.warning(
+            "Celery closes the database connection before and after every task "
+            "(CELERY_DB_REUSE_MAX is not set), so every pooled task reconnects to start and "
+            "settle its claim, a few milliseconds each on PostgreSQL. Set "
+            "CELERY_DB_REUSE_MAX = 1000 in the Django settings to keep worker connections."
+        )
 
 
 @signals.worker_ready.connect(dispatch_uid="pools.worker.ready")

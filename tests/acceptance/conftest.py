@@ -22,10 +22,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 import pytest
 from django.conf import settings
@@ -43,6 +43,15 @@ LOG_TAIL = 300
 
 #: A worker log line at ERROR or CRITICAL level (e.g. a settle that raised).
 ERROR_LINE = re.compile(r"^\[[^\]]*: (ERROR|CRITICAL)/")
+
+#: ``pytestmark`` of the test modules that start workers: real PostgreSQL and Redis, and
+#: transactional tests, so that the worker processes see what the test wrote.
+WORKER_TEST_MARKS = [
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.acceptance,
+    pytest.mark.django_db(transaction=True),
+]
 
 _LOGS = pytest.StashKey[list[Path]]()
 _names = itertools.count(1)
@@ -132,26 +141,55 @@ def _ping(app: Any, name: str) -> bool:
     return any(name in reply for reply in replies or [])
 
 
-def _stop(workers: list[Worker]) -> None:
+def start_celery(
+    request: pytest.FixtureRequest, args: list[str], *, cwd: Path, log: Path
+) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """``python -m celery -A tests <args>`` in a session of its own, on the test database.
+
+    Its output goes to ``log``, which is attached to the report if the test fails.
+    Returns the process and the open log file (closed by :func:`stop_processes`).
+    """
+    env = _worker_env()
+    log_file = log.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tests", *args],
+        cwd=cwd,
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    request.node.stash.setdefault(_LOGS, []).append(log)
+    return proc, log_file
+
+
+class _Process(Protocol):
+    """A handle :func:`start_celery` filled in (a :class:`Worker`, a beat)."""
+
+    proc: subprocess.Popen[bytes]
+    _log_file: Any
+
+
+def stop_processes(started: Sequence[_Process], timeout: float) -> None:
     """Warm shutdown for all at once, then SIGKILL each process group (pool children too)."""
-    for worker in workers:
-        if worker.alive():
-            worker.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT
-    for worker in workers:
+    for handle in started:
+        if handle.proc.poll() is None:
+            handle.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for handle in started:
         try:
-            worker.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            handle.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             pass
-    for worker in workers:
-        # Each worker runs in its own session: kill whatever is left of its group.
+    for handle in started:
+        # Each process runs in its own session: kill whatever is left of its group.
         try:
-            os.killpg(worker.proc.pid, signal.SIGKILL)
+            os.killpg(handle.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        worker.proc.wait(timeout=STOP_TIMEOUT)
-        if worker._log_file is not None:
-            worker._log_file.close()
+        handle.proc.wait(timeout=timeout)
+        if handle._log_file is not None:
+            handle._log_file.close()
 
 
 @pytest.fixture
@@ -185,19 +223,13 @@ def celery_workers(
             # A transactional test with ``available_apps`` flushes without migrate's
             # post_migrate sync, so settings-defined pools may be gone: sync as migrate does.
             definitions.sync()
-        env = _worker_env()
         new: list[Worker] = []
         for _ in range(count):
             node = f"accept{next(_names)}-{uuid.uuid4().hex[:6]}"
             log = tmp_path / f"{node}.log"
-            log_file = log.open("wb")
-            proc = subprocess.Popen(
+            proc, log_file = start_celery(
+                request,
                 [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "tests",
                     "worker",
                     "-P",
                     pool,
@@ -211,10 +243,7 @@ def celery_workers(
                     "info",
                 ],
                 cwd=ROOT,
-                env=env,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+                log=log,
             )
             worker = Worker(
                 name=f"{node}@{socket.gethostname()}",
@@ -225,7 +254,6 @@ def celery_workers(
             )
             started.append(worker)
             new.append(worker)
-            request.node.stash[_LOGS].append(log)
         for worker in new:
 
             def ready(w: Worker = worker) -> bool:
@@ -250,7 +278,7 @@ def celery_workers(
         for line in w.log_text().splitlines()
         if ERROR_LINE.match(line)
     ]
-    _stop(started)
+    stop_processes(started, STOP_TIMEOUT)
     leftovers = [w.name for w in started if w.proc.returncode is None]
     assert not leftovers, f"workers still running after teardown: {leftovers}"
     if errors:

@@ -13,10 +13,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.conftest import _LOGS, _worker_env, read_log, wait_for
+from tests.acceptance.conftest import read_log, start_celery, stop_processes, wait_for
 
 #: Lease used by the fault tests; the heartbeat is a third of it (1 s).
 LEASE_SECONDS = 3.0
@@ -32,6 +29,8 @@ LEASE_SECONDS = 3.0
 SWEEP_SECONDS = 1.0
 #: How long beat may take to send its first sweep.
 BEAT_START_TIMEOUT = 30.0
+#: How long beat may take to stop on SIGTERM before its process group is killed.
+BEAT_STOP_TIMEOUT = 10.0
 
 __all__ = [
     "LEASE_SECONDS",
@@ -108,14 +107,9 @@ def celery_beat(
             IntervalSchedule.SECONDS,
         )
         log = tmp_path / f"beat-{len(started) + 1}.log"
-        log_file = log.open("wb")
-        proc = subprocess.Popen(
+        proc, log_file = start_celery(
+            request,
             [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests",
                 "beat",
                 "-S",
                 "django_celery_beat.schedulers:DatabaseScheduler",
@@ -125,14 +119,10 @@ def celery_beat(
                 "info",
             ],
             cwd=tmp_path,  # nothing beat writes lands in the repository
-            env=_worker_env(),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            log=log,
         )
         handle = Beat(proc=proc, log=log, _log_file=log_file)
         started.append(handle)
-        request.node.stash.setdefault(_LOGS, []).append(log)
 
         def first_sweep_sent() -> bool:
             if proc.poll() is not None:
@@ -144,20 +134,7 @@ def celery_beat(
 
     yield start
 
-    for handle in started:
-        if handle.proc.poll() is None:
-            handle.proc.send_signal(signal.SIGTERM)
-    for handle in started:
-        try:
-            handle.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(handle.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        handle.proc.wait(timeout=10)
-        handle._log_file.close()
+    stop_processes(started, BEAT_STOP_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- recorder

@@ -6,15 +6,10 @@ import pytest
 from celery import chain, chord, group
 
 from pools.models import EntryState, QueueEntry
-from tests.acceptance.conftest import wait_for
+from tests.acceptance.conftest import WORKER_TEST_MARKS, wait_for
 from tests.testapp.tasks import add, tsum
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.redis,
-    pytest.mark.acceptance,
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = WORKER_TEST_MARKS
 
 TIMEOUT = 60
 

@@ -18,6 +18,7 @@ from celery.exceptions import MaxRetriesExceededError
 
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
 from tests.acceptance import faults_support
+from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import (
     LEASE_SECONDS,
     SWEEP_SECONDS,
@@ -31,6 +32,7 @@ from tests.testapp.fault_tasks import (
     KILL_POOL,
     PARTITION_POOL,
     RETRY_POOL,
+    die_once,
     hold_retry_pool,
     kill_span,
     partitioned,
@@ -38,12 +40,7 @@ from tests.testapp.fault_tasks import (
     retry_once,
 )
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.redis,
-    pytest.mark.acceptance,
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = WORKER_TEST_MARKS
 
 short_leases = faults_support.short_leases
 shared_dir = faults_support.shared_dir
@@ -185,6 +182,43 @@ def test_faults__sigkilled_worker_claims_return_through_the_beat_sweep(
     assert peak == slots, "the pool was never full: the overlap check proves little"
     restarts = [s for s, _, n in spans if n["token"] == 2]
     assert min(restarts) > killed_at
+
+
+def test_faults__killed_pool_process_is_requeued_without_waiting_for_the_lease(
+    celery_workers, shared_dir
+):
+    """SIGKILL one prefork child running a pooled body (default 30 s lease, no beat).
+
+    The worker's main process reports ``WorkerLostError``; the entry must go back in line
+    at once (reason "worker lost") and run again, long before its lease would lapse.
+    """
+    Pool.objects.create(name=KILL_POOL, slots=1)
+    # Celery logs the lost process as an ERROR: expected here.
+    celery_workers(count=1, concurrency=2, allow_errors=True)
+    result = die_once.delay(str(shared_dir))
+    (first,) = wait_notes(shared_dir, "spans", lambda ns: len(ns) == 1, 30, "the first attempt")
+    lease_end = ts(QueueEntry.objects.get(key=result.id).lease_expires_at)
+    killed_at = time.time()
+    os.kill(first["pid"], signal.SIGKILL)
+    assert lease_end - killed_at > 20, "the lease is too short for this test to mean anything"
+
+    wait_for(
+        lambda: QueueEntry.objects.get(key=result.id).state == EntryState.SUCCEEDED,
+        30,
+        "the killed entry to run again and succeed",
+    )
+    requeued = PoolEvent.objects.get(key=result.id, kind=EventKind.REQUEUED)
+    assert requeued.detail.get("reason") == "worker lost", requeued.detail
+    assert ts(requeued.at) - killed_at < 10, "requeued only when the lease lapsed"
+    second = PoolEvent.objects.get(key=result.id, kind=EventKind.STARTED, token=2)
+    print(
+        f"\nkilled child: requeued kill+{ts(requeued.at) - killed_at:.2f}s, started again "
+        f"kill+{ts(second.at) - killed_at:.2f}s (lease would have lapsed at "
+        f"kill+{lease_end - killed_at:.1f}s)"
+    )
+    notes = read_notes(shared_dir, "spans")
+    assert [(n["event"], n["token"]) for n in notes] == [("start", 1), ("start", 2), ("end", 2)]
+    assert notes[1]["pid"] != first["pid"]
 
 
 # --------------------------------------------------------------------------- partition

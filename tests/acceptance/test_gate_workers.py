@@ -6,20 +6,15 @@ import random
 import time
 from collections import Counter
 
-import pytest
 from celery.result import AsyncResult
 
 from pools import definitions, snapshot
 from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import max_overlap
 from tests.testapp.tasks import ACCEPT_POOL, free_span, span
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.redis,
-    pytest.mark.acceptance,
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = WORKER_TEST_MARKS
 
 SLOTS = 3
 TASKS = 200

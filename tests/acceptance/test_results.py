@@ -22,6 +22,7 @@ import pools
 from pools import QueueTimeout, testing
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
 from tests.acceptance import faults_support
+from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import read_notes, wait_for, wait_notes
 from tests.testapp.fault_tasks import (
     RESULTS_POOL,
@@ -33,12 +34,7 @@ from tests.testapp.fault_tasks import (
     queued_member,
 )
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.redis,
-    pytest.mark.acceptance,
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = WORKER_TEST_MARKS
 
 shared_dir = faults_support.shared_dir
 

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import pools
 from pools.models import EntryState, QueueEntry, WorkerNode
 from tests.acceptance import faults_support
+from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import wait_for
 from tests.acceptance.test_results import TIMEOUT, holder  # noqa: F401  (fixture)
 from tests.testapp.fault_tasks import queued_member
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.redis,
-    pytest.mark.acceptance,
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = WORKER_TEST_MARKS
 
 shared_dir = faults_support.shared_dir
 

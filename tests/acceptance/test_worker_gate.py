@@ -9,22 +9,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from celery.result import AsyncResult
 from celery.utils import uuid
 
 from pools import gate
 from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
-from tests.acceptance.conftest import wait_for
+from tests.acceptance.conftest import WORKER_TEST_MARKS, wait_for
 from tests.celery_app import app
 from tests.testapp.tasks import noted
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.redis,
-    pytest.mark.acceptance,
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = WORKER_TEST_MARKS
 
 TIMEOUT = 60
 

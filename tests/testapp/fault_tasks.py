@@ -86,6 +86,18 @@ def kill_span(i: int, where: str, doomed: str, seconds: float = 0.5) -> dict[str
     return {"i": i, "doomed": on_doomed, **ctx}
 
 
+@shared_task
+@pooled(KILL_POOL, slots=1)
+def die_once(where: str) -> dict[str, Any]:
+    """The first attempt waits to be killed (its pid is in the start note); later ones return."""
+    ctx = _context()
+    note(where, "spans", event="start", **ctx)
+    if ctx["token"] == 1:
+        _sleep_until(time.time() + MAX_WAIT)
+    note(where, "spans", event="end", **ctx)
+    return ctx
+
+
 # --------------------------------------------------------------------------- partition
 
 
