@@ -13,6 +13,7 @@ Modules:
 * :mod:`pools.bench.workers` — worker subprocesses, held queues, RSS;
 * :mod:`pools.bench.backlog` — bench pools, backlogs written in bulk, pause/release, clean-up;
 * :mod:`pools.bench.stats` — pure counting: percentiles, gaps, inversions, concurrency;
-* :mod:`pools.bench.workloads` — W1-W4 and memory; :mod:`pools.bench.recipe` has W5;
+* :mod:`pools.bench.workloads` — W1-W4; :mod:`pools.bench.comparison` — W5;
+  :mod:`pools.bench.memory` — worker RSS;
 * :mod:`pools.bench.report` — table, JSON, plots; :mod:`pools.bench.runner` — the whole run.
 """

@@ -6,7 +6,7 @@ from argparse import ArgumentParser, ArgumentTypeError
 from pathlib import Path
 from typing import Any
 
-from pools.bench.context import WORKLOADS, Options
+from pools.bench.context import EMBEDDED_SIZES, FULL_SIZES, PRESETS, WORKLOADS, Options
 
 DEFAULTS = Options()
 
@@ -21,6 +21,16 @@ def _ints(value: str) -> tuple[int, ...]:
     return numbers
 
 
+def _positive(value: str) -> int:
+    try:
+        number = int(value.replace("_", ""))
+    except ValueError as exc:
+        raise ArgumentTypeError(f"expected a number, got {value!r}") from exc
+    if number < 1:
+        raise ArgumentTypeError("expected a positive number")
+    return number
+
+
 def _workloads(value: str) -> tuple[str, ...]:
     names = tuple(v.strip() for v in value.split(",") if v.strip())
     canon = {w.lower(): w for w in WORKLOADS}
@@ -32,6 +42,17 @@ def _workloads(value: str) -> tuple[str, ...]:
     return tuple(canon[n.lower()] for n in names)
 
 
+#: Options whose default depends on the preset (see :data:`pools.bench.context.PRESETS`).
+SIZES = tuple(FULL_SIZES)
+
+
+def _size_help(name: str, text: str) -> str:
+    return (
+        f"{text} (default {getattr(DEFAULTS, name)}, on SQLite {EMBEDDED_SIZES[name]}; "
+        f"--full: {FULL_SIZES[name]})"
+    )
+
+
 def add_arguments(parser: ArgumentParser) -> None:
     """The options of ``manage.py pools bench``."""
     d = DEFAULTS
@@ -41,16 +62,27 @@ def add_arguments(parser: ArgumentParser) -> None:
         default=d.workloads,
         help=f"comma-separated, from {','.join(WORKLOADS)} (default: all)",
     )
-    parser.add_argument("--reps", type=int, default=d.reps, help="repetitions (default 3)")
-    parser.add_argument("--tasks", type=int, default=d.tasks, help="W1 no-op tasks (5000)")
     parser.add_argument(
-        "--slow-tasks", type=int, default=d.slow_tasks, help="W1 tasks with a 20 ms body (1000)"
+        "--full",
+        action="store_true",
+        help="the issue's sizes (5000 W1 tasks, 500 in W2/W3/W5, ...) for every size option "
+        "not given; several times slower than the defaults, which take a few minutes",
+    )
+    parser.add_argument("--reps", type=_positive, default=d.reps, help=f"repetitions ({d.reps})")
+    parser.add_argument(
+        "--tasks", type=_positive, default=None, help=_size_help("tasks", "W1 no-op tasks")
+    )
+    parser.add_argument(
+        "--slow-tasks",
+        type=_positive,
+        default=None,
+        help=_size_help("slow_tasks", "W1 tasks with a 20 ms body"),
     )
     parser.add_argument(
         "--handoff-tasks",
-        type=int,
-        default=d.handoff_tasks,
-        help="W2 tasks behind a 1-slot pool (500)",
+        type=_positive,
+        default=None,
+        help=_size_help("handoff_tasks", "W2 tasks behind a 1-slot pool"),
     )
     parser.add_argument(
         "--depths",
@@ -59,20 +91,26 @@ def add_arguments(parser: ArgumentParser) -> None:
         help="W3 entries already waiting (1000,10000,100000)",
     )
     parser.add_argument(
-        "--depth-tasks", type=int, default=d.depth_tasks, help="W3 tasks timed at each depth (500)"
+        "--depth-tasks",
+        type=_positive,
+        default=None,
+        help=_size_help("depth_tasks", "W3 tasks timed at each depth"),
     )
     parser.add_argument(
         "--many-tasks",
-        type=int,
-        default=d.many_tasks,
-        help="W4 tasks over 100 pools and over the multi-pool mix (1000)",
+        type=_positive,
+        default=None,
+        help=_size_help("many_tasks", "W4 tasks over 100 pools and over the multi-pool mix"),
     )
     parser.add_argument(
-        "--recipe-tasks", type=int, default=d.recipe_tasks, help="W5 tasks per body kind (500)"
+        "--recipe-tasks",
+        type=_positive,
+        default=None,
+        help=_size_help("recipe_tasks", "W5 tasks per body kind"),
     )
     parser.add_argument(
         "--recipe-limit",
-        type=int,
+        type=_positive,
         default=None,
         help="W5 slots / semaphore size (default: half the total concurrency)",
     )
@@ -80,7 +118,7 @@ def add_arguments(parser: ArgumentParser) -> None:
         "--recipe-ttl",
         type=float,
         default=d.recipe_ttl,
-        help="TTL of the recipe's semaphore entries, seconds (60)",
+        help=f"TTL of the recipe's semaphore entries, seconds ({d.recipe_ttl:g})",
     )
     parser.add_argument(
         "--recipe-redis",
@@ -89,23 +127,34 @@ def add_arguments(parser: ArgumentParser) -> None:
     )
     parser.add_argument(
         "--memory-tasks",
-        type=int,
-        default=d.memory_tasks,
-        help="tasks each memory worker runs before RSS is read (500)",
+        type=_positive,
+        default=None,
+        help=_size_help("memory_tasks", "tasks each memory worker runs before RSS is read"),
     )
-    parser.add_argument("--workers", type=int, default=d.workers, help="main workers (2)")
     parser.add_argument(
-        "--concurrency", type=int, default=d.concurrency, help="prefork processes per worker (4)"
+        "--workers", type=_positive, default=d.workers, help=f"main workers ({d.workers})"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=_positive,
+        default=d.concurrency,
+        help=f"prefork processes per worker ({d.concurrency})",
     )
     parser.add_argument(
         "--submit-sample",
-        type=int,
-        default=d.submit_sample,
-        help="pooled calls per backlog sent through apply_async (200); "
-        "the rest are bulk copies of the same entry",
+        type=_positive,
+        default=None,
+        help=_size_help(
+            "submit_sample",
+            "W1 pooled calls per backlog sent through apply_async; "
+            "the rest are bulk copies of the same entry",
+        ),
     )
     parser.add_argument(
-        "--timeout", type=float, default=d.timeout, help="seconds one step may take (600)"
+        "--timeout",
+        type=float,
+        default=d.timeout,
+        help=f"seconds one step may take ({d.timeout:g})",
     )
     parser.add_argument(
         "--app", default=None, help="Celery app for 'celery -A' (default: the settings' package)"
@@ -125,14 +174,29 @@ def add_arguments(parser: ArgumentParser) -> None:
     )
 
 
-def options_from(values: dict[str, Any]) -> Options:
-    """Build :class:`Options` from parsed arguments (other keys are ignored)."""
+def options_from(values: dict[str, Any], *, embedded: bool = False) -> Options:
+    """Build :class:`Options` from parsed arguments (other keys are ignored).
+
+    A size left out (``None``) takes the preset's: ``full`` with ``--full``, else ``embedded``
+    on the embedded stack (SQLite), else the :class:`Options` default.
+    """
     fields = set(Options.__dataclass_fields__)
-    return Options(**{k: v for k, v in values.items() if k in fields})
+    chosen = {k: v for k, v in values.items() if k in fields - {"preset"} and v is not None}
+    preset = "full" if values.get("full") else "embedded" if embedded else "default"
+    for name, size in PRESETS.get(preset, {}).items():
+        chosen.setdefault(name, size)
+    return Options(**chosen, preset=preset)
+
+
+def embedded_stack() -> bool:
+    """True on SQLite, the embedded default (its sizes are smaller: see ``PRESETS``)."""
+    from django.db import connection
+
+    return connection.vendor == "sqlite"
 
 
 def run(values: dict[str, Any], stdout: Any = None) -> dict[str, Any]:
     """Run the benchmark with parsed arguments."""
     from pools.bench import runner
 
-    return runner.run(options_from(values), stdout)
+    return runner.run(options_from(values, embedded=embedded_stack()), stdout)

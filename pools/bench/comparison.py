@@ -34,18 +34,59 @@ CELERY_PRIORITY = {0: 9, 5: 3, 10: 0}
 HOLD = 600.0
 
 
-def _figures(
-    run: Run, limit: int, prio: dict[int, int], acquired: dict[int, float]
-) -> dict[str, Any]:
+def _figures(run: Run, limit: int, order: dict[str, Any]) -> dict[str, Any]:
     gaps = stats.handoff_gaps(run.spans)
     return {
         "throughput": run.throughput,
         "handoff": stats.distribution(gaps),
         "retries": sum(int(s.get("r", 0)) for s in run.spans),
-        "inversions": stats.inversions([(prio[i], at) for i, at in acquired.items()]),
+        "inversions": stats.inversions(order["items"]),
+        "order": order["source"],
         "peak": stats.max_concurrency(run.spans),
         "limit": limit,
     }
+
+
+def recipe_order(spans: list[dict[str, Any]], prio: dict[int, int], mark: int) -> dict[str, Any]:
+    """``(priority, queued, acquired)`` of each recipe task, on the semaphore's counter.
+
+    Every task was submitted before ``mark`` (the counter was bumped once the backlog was
+    published, before any worker consumed it) and acquired at its own number, given by the
+    atomic acquire script (:mod:`pools.bench.recipe`).
+    """
+    if all("n" in s for s in spans):
+        items = [(prio[int(s["i"])], float(mark), float(s["n"])) for s in spans]
+        return {"items": items, "source": "semaphore acquisition counter"}
+    # Bodies of an older recipe task: the acquire timestamps (several processes' clocks).
+    items = [(prio[int(s["i"])], float("-inf"), float(s["a"])) for s in spans]
+    return {"items": items, "source": "acquire timestamps"}
+
+
+def pools_order(pool: str, keys: list[str]) -> dict[str, Any]:
+    """``(priority, queued, acquired)`` of each pooled task, in the order of admission.
+
+    The ids of the pool's ``enqueued`` and ``admitted`` event rows: admissions of one pool
+    are serialized by its row lock and one pass logs its admissions in line order, so the
+    ids give the order in which entries took their slots, free of the clock and pickup
+    jitter of the bodies' start times. The priority is the entry's own. An entry with no
+    ``enqueued`` row counts as queued before everything (the backlog is in line before the
+    pool is released). If the engine logged no ``admitted`` row for some entry, the entries'
+    ``admitted_at`` is used instead (entries admitted in one pass then share a time).
+    """
+    priority = dict(QueueEntry.objects.filter(key__in=keys).values_list("key", "priority"))
+    queued: dict[str, int] = {}
+    admitted: dict[str, int] = {}
+    rows = PoolEvent.objects.filter(
+        pool=pool, key__in=keys, kind__in=[EventKind.ENQUEUED, EventKind.ADMITTED]
+    ).values_list("id", "kind", "key")
+    for event_id, kind, key in rows.order_by("id"):
+        (queued if kind == EventKind.ENQUEUED else admitted).setdefault(key, event_id)
+    if all(k in admitted for k in keys):
+        items = [(priority[k], float(queued.get(k, 0)), float(admitted[k])) for k in keys]
+        return {"items": items, "source": "admitted event ids"}
+    at = dict(QueueEntry.objects.filter(key__in=keys).values_list("key", "admitted_at"))
+    items = [(priority[k], float("-inf"), t.timestamp()) for k in keys if (t := at.get(k))]
+    return {"items": items, "source": "admitted_at"}
 
 
 def w5_recipe(ctx: Context, redis_url: str) -> dict[str, Any]:
@@ -63,7 +104,9 @@ def w5_recipe(ctx: Context, redis_url: str) -> dict[str, Any]:
             rng = random.Random(o.seed * 1000 + rep)
             prio = {j: rng.choice(LEVELS) for j in range(n)}
             key = f"pools-bench:{ctx.run_id}:w5:{rep}:{body}"
-            ctx.semaphores.append(key)
+            semaphore = recipe.Semaphore(redis_url, key, limit, o.recipe_ttl)
+            ctx.semaphores.extend([key, semaphore.sequence_key])
+            marks: list[int] = []
             run = plain_run(
                 ctx,
                 f"W5 recipe {body} {tag}",
@@ -73,9 +116,9 @@ def w5_recipe(ctx: Context, redis_url: str) -> dict[str, Any]:
                 queue=RECIPE_QUEUE,
                 workers=ctx.main,
                 options_for=lambda j, p=prio: {"priority": CELERY_PRIORITY[p[j]]},  # type: ignore[misc]
+                before_release=lambda m=marks, sem=semaphore: m.append(sem.mark()),  # type: ignore[misc]
             )
-            acquired = {int(s["i"]): float(s["a"]) for s in run.spans}
-            per["recipe"].append(_figures(run, limit, prio, acquired))
+            per["recipe"].append(_figures(run, limit, recipe_order(run.spans, prio, marks[0])))
             run = pooled_run(
                 ctx,
                 f"W5 pools {body} {tag}",
@@ -84,13 +127,7 @@ def w5_recipe(ctx: Context, redis_url: str) -> dict[str, Any]:
                 sleep=sleep,
                 priority_for=prio.__getitem__,
             )
-            admitted = dict(
-                QueueEntry.objects.filter(key__in=list(run.keys.values())).values_list(
-                    "key", "admitted_at"
-                )
-            )
-            acquired = {i: at.timestamp() for i, k in run.keys.items() if (at := admitted.get(k))}
-            figures = _figures(run, limit, prio, acquired)
+            figures = _figures(run, limit, pools_order(tasks.W5_POOL, list(run.keys.values())))
             figures["deliveries"] = PoolEvent.objects.filter(
                 kind=EventKind.STARTED, key__in=list(run.keys.values())
             ).count()
@@ -105,6 +142,7 @@ def w5_recipe(ctx: Context, redis_url: str) -> dict[str, Any]:
                 },
                 "retries": stats.summary([r["retries"] for r in reps]),
                 "inversions": stats.summary([r["inversions"] for r in reps]),
+                "inversions_from": sorted({r["order"] for r in reps}),
                 "peak": max(r["peak"] for r in reps),
             }
             for side, reps in per.items()
@@ -155,7 +193,7 @@ def kill_test(ctx: Context, redis_url: str) -> dict[str, Any]:
     backlog.create_pools(dict.fromkeys(pools, 1))
     backlog.release(pools)
     keys = [f"pools-bench:{ctx.run_id}:kill:{k}" for k in range(reps)]
-    ctx.semaphores.extend(keys)
+    ctx.semaphores.extend(keys + [recipe.sequence_key(k) for k in keys])
     ctx.fleet.consume(RECIPE_QUEUE, ctx.main)
     sweeper = _Sweeper()
     try:
@@ -192,6 +230,7 @@ def kill_test(ctx: Context, redis_url: str) -> dict[str, Any]:
             pooled_next + recipe_next,
             "W5 kill test (pools + recipe)",
             timeout=max(o.recipe_ttl, conf.get().LEASE_SECONDS) + 120,
+            check=ctx.fleet.check_alive,
         )
     finally:
         sweeper.stopped.set()
@@ -217,6 +256,7 @@ def kill_test(ctx: Context, redis_url: str) -> dict[str, Any]:
     return {
         "holders": reps,
         "lease_seconds": conf.get().LEASE_SECONDS,
+        "recipe_ttl": o.recipe_ttl,
         "sweep_seconds": conf.get().SWEEP_SECONDS,
         "sweeps": sweeper.passes,
         "pools": {"reps": pooled_back, **stats.summary(pooled_back)},

@@ -35,7 +35,9 @@ def memory(ctx: Context) -> dict[str, Any]:
     n = o.memory_tasks
     ids, _ = backlog.submit(tasks.plain, n, lambda j: [j, 0.0], queue=MEM_PLAIN_QUEUE)
     ctx.track(ids)
-    backlog.collect(ctx.app, ids, "memory: plain worker", timeout=o.timeout)
+    backlog.collect(
+        ctx.app, ids, "memory: plain worker", timeout=o.timeout, check=ctx.fleet.check_alive
+    )
     backlog.create_pools({tasks.MEM_POOL: ctx.mem_pooled.concurrency})
     pooled_run(
         ctx,

@@ -7,13 +7,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-Row = tuple[str, str, dict[str, float] | float | None, str, str]
+#: ``(workload, figure, value, unit, target, met)``: ``met`` is None where there is no target.
+Row = tuple[str, str, dict[str, float] | float | None, str, str, bool | None]
 
 KIB = 1024.0
 MIB = 1024.0 * 1024.0
 
 
-def _fmt(value: float, unit: str) -> str:
+def _fmt(value: float | None, unit: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if unit == "ms":
@@ -31,113 +32,192 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.1f}"
 
 
+def _num(value: Any, key: str = "median") -> float | None:
+    """The figure a target is judged on: ``value[key]`` of a summary, or the number itself."""
+    if isinstance(value, dict):
+        value = value.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+def _at_most(value: Any, limit: float | None, key: str = "median") -> bool | None:
+    v = _num(value, key)
+    return None if v is None or limit is None else v <= limit
+
+
+def _at_least(value: Any, limit: float, key: str = "median") -> bool | None:
+    v = _num(value, key)
+    return None if v is None else v >= limit
+
+
 def _rows(r: dict[str, Any]) -> list[Row]:
+    """Every figure of the table; a target is judged on the median of the repetitions, except
+    where every repetition must meet it (zero retries, zero inversions, peak, killed holder:
+    judged on the max)."""
     rows: list[Row] = []
     w1 = r.get("W1") or {}
-    for body, target in (("no-op", ">= 0.50"), ("20 ms", ">= 0.90")):
+    for body, low in (("no-op", 0.5), ("20 ms", 0.9)):
         d = w1.get(body)
         if not d:
             continue
         rows += [
-            ("W1", f"{body}: pooled tasks/s", d["pooled"], "tasks/s", ""),
-            ("W1", f"{body}: plain Celery tasks/s", d["plain"], "tasks/s", ""),
-            ("W1", f"{body}: pooled / plain", d["ratio"], "x", target),
-            ("W1", f"{body}: pooled submit (apply_async/s)", d["submit_pooled"], "calls/s", ""),
-            ("W1", f"{body}: plain submit (apply_async/s)", d["submit_plain"], "calls/s", ""),
+            ("W1", f"{body}: pooled tasks/s", d["pooled"], "tasks/s", "", None),
+            ("W1", f"{body}: plain Celery tasks/s", d["plain"], "tasks/s", "", None),
+            (
+                "W1",
+                f"{body}: pooled / plain",
+                d["ratio"],
+                "x",
+                f">= {low:.2f}",
+                _at_least(d["ratio"], low),
+            ),
+            (
+                "W1",
+                f"{body}: pooled submit (apply_async/s)",
+                d["submit_pooled"],
+                "calls/s",
+                "",
+                None,
+            ),
+            ("W1", f"{body}: plain submit (apply_async/s)", d["submit_plain"], "calls/s", "", None),
         ]
     w2 = r.get("W2") or {}
     if "settle_to_start" in w2:
         for key, label, targets in (
-            ("settle_to_start", "pooled settle -> next start", {"p50": "<= 10", "p99": "<= 40"}),
+            ("settle_to_start", "pooled settle -> next start", {"p50": 0.010, "p99": 0.040}),
             ("end_to_start", "pooled body end -> next start", {}),
             ("floor_end_to_start", "plain 1x1 end -> next start (floor)", {}),
         ):
             for q in ("p50", "p95", "p99"):
-                rows.append(("W2", f"{label} {q}", w2[key][q], "ms", targets.get(q, "")))
+                limit = targets.get(q)
+                rows.append(
+                    (
+                        "W2",
+                        f"{label} {q}",
+                        w2[key][q],
+                        "ms",
+                        f"<= {limit * 1000:.0f}" if limit else "",
+                        _at_most(w2[key][q], limit) if limit else None,
+                    )
+                )
     w3 = r.get("W3") or {}
     for depth, d in (w3.get("depths") or {}).items():
-        rows.append(("W3", f"tasks/s with {int(depth):,} waiting", d, "tasks/s", ""))
+        rows.append(("W3", f"tasks/s with {int(depth):,} waiting", d, "tasks/s", "", None))
     if "ratio" in w3:
-        rows.append(("W3", f"ratio {w3['ratio_of']}", w3["ratio"], "x", ">= 0.80"))
-    if w3.get("memory"):
+        rows.append(
+            (
+                "W3",
+                f"ratio {w3['ratio_of']}",
+                w3["ratio"],
+                "x",
+                ">= 0.80",
+                _at_least(w3["ratio"], 0.8),
+            )
+        )
+    memory = w3.get("memory")
+    if memory:
+        args_bytes = float(memory.get("args_bytes", 0))
         rows.append(
             (
                 "memory",
                 "DB bytes per waiting entry",
-                w3["memory"]["total_per_entry"],
+                memory["total_per_entry"],
                 "KiB",
                 "<= 2 KiB + args",
+                _at_most(memory["total_per_entry"], 2 * KIB + args_bytes),
             )
         )
     w4 = r.get("W4") or {}
     for key, label in (("many", "100 pools, tasks/s"), ("multi", "multi-pool mix, tasks/s")):
         if key in w4:
-            rows.append(("W4", label, w4[key], "tasks/s", ""))
-    w5 = r.get("W5") or {}
+            rows.append(("W4", label, w4[key], "tasks/s", "", None))
+    rows += _w5_rows(r.get("W5") or {})
+    mem = r.get("memory") or {}
+    if "child_overhead" in mem:
+        rows += [
+            ("memory", "pool process RSS, plain", mem["plain"]["child_mean"], "MiB", "", None),
+            ("memory", "pool process RSS, pooled", mem["pooled"]["child_mean"], "MiB", "", None),
+            (
+                "memory",
+                "RSS overhead per pool process",
+                mem["child_overhead"],
+                "MiB",
+                "<= 10 MiB",
+                _at_most(mem["child_overhead"], 10 * MIB),
+            ),
+        ]
+    return rows
+
+
+def _w5_rows(w5: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    limit = d_limit(w5)
     for body in ("no-op", "20 ms"):
         d = w5.get(body)
         if not d:
             continue
+        recipe_p99 = _num(d["recipe"]["handoff_p99"])
         for side in ("pools", "recipe"):
             s = d[side]
+            ours = side == "pools"
             rows += [
-                ("W5", f"{body} {side}: tasks/s", s["throughput"], "tasks/s", ""),
-                ("W5", f"{body} {side}: hand-off p50", s["handoff_p50"], "ms", ""),
+                ("W5", f"{body} {side}: tasks/s", s["throughput"], "tasks/s", "", None),
+                ("W5", f"{body} {side}: hand-off p50", s["handoff_p50"], "ms", "", None),
                 (
                     "W5",
                     f"{body} {side}: hand-off p99",
                     s["handoff_p99"],
                     "ms",
-                    "<= recipe" if side == "pools" else "",
+                    "<= recipe" if ours else "",
+                    _at_most(s["handoff_p99"], recipe_p99) if ours else None,
                 ),
                 (
                     "W5",
                     f"{body} {side}: wasted retries",
                     s["retries"],
                     "",
-                    "0" if side == "pools" else "",
+                    "0" if ours else "",
+                    _at_most(s["retries"], 0, "max") if ours else None,
                 ),
                 (
                     "W5",
                     f"{body} {side}: priority inversions",
                     s["inversions"],
                     "",
-                    "0" if side == "pools" else "",
+                    "0" if ours else "",
+                    _at_most(s["inversions"], 0, "max") if ours else None,
                 ),
                 (
                     "W5",
                     f"{body} {side}: peak running / limit",
                     float(s["peak"]),
                     "",
-                    f"<= {d_limit(w5)}",
+                    f"<= {limit}",
+                    _at_most(float(s["peak"]), limit),
                 ),
             ]
     kill = w5.get("kill")
     if kill:
-        rows.append(
+        lease = float(kill["lease_seconds"])
+        ttl = float(kill.get("recipe_ttl", w5.get("ttl", 0)))
+        rows += [
             (
                 "W5",
                 "killed holder: slot back after (pools)",
                 kill["pools"],
                 "s",
-                f"<= lease {kill['lease_seconds']:.0f} s",
-            )
-        )
-        rows.append(
+                f"<= lease {lease:g} s (recipe TTL {ttl:g} s)",
+                _at_most(kill["pools"], lease, "max"),
+            ),
             (
                 "W5",
-                "killed holder: slot back after (recipe)",
+                f"killed holder: slot back after (recipe, TTL {ttl:g} s)",
                 kill["recipe"],
                 "s",
-                f"TTL {w5.get('ttl', 0):.0f} s",
-            )
-        )
-    mem = r.get("memory") or {}
-    if "child_overhead" in mem:
-        rows += [
-            ("memory", "pool process RSS, plain", mem["plain"]["child_mean"], "MiB", ""),
-            ("memory", "pool process RSS, pooled", mem["pooled"]["child_mean"], "MiB", ""),
-            ("memory", "RSS overhead per pool process", mem["child_overhead"], "MiB", "<= 10 MiB"),
+                "",
+                None,
+            ),
         ]
     return rows
 
@@ -147,20 +227,43 @@ def d_limit(w5: dict[str, Any]) -> int:
     return int(w5.get("limit", 0))
 
 
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every figure with a target, and whether it was met (None: not measured)."""
+    return [
+        {"workload": w, "figure": label, "value": value, "unit": unit, "target": t, "met": met}
+        for w, label, value, unit, t, met in _rows(results)
+        if t
+    ]
+
+
+def _met(met: bool | None, target: str) -> str:
+    if not target:
+        return ""
+    if met is None:
+        return "?"  # not measured (a failed workload, nan)
+    return "yes" if met else "NO"
+
+
 def table(results: dict[str, Any]) -> str:
     """The result table: one row per figure, median [min - max] of the repetitions."""
-    lines = [
-        f"{'':6} {'figure':<44} {'median':>10} {'min':>10} {'max':>10}  {'unit':<8} target",
-        "-" * 104,
+    lines = []
+    if results.get("command"):
+        preset = (results.get("options") or {}).get("preset", "default")
+        sizes = f"  (sizes: the {preset} preset)" if preset != "default" else ""
+        lines.append(f"Options: {results['command']}{sizes}\n")
+    lines += [
+        f"{'':6} {'figure':<50} {'median':>10} {'min':>10} {'max':>10}  {'unit':<8} "
+        f"{'target':<32} met?",
+        "-" * 136,
     ]
-    for workload, label, value, unit, target in _rows(results):
+    for workload, label, value, unit, target, met in _rows(results):
         if isinstance(value, dict):
             med, lo, hi = value.get("median"), value.get("min"), value.get("max")
         else:
             med, lo, hi = value, None, None
         lines.append(
-            f"{workload:<6} {label:<44} {_fmt(med, unit):>10} {_fmt(lo, unit):>10} "  # type: ignore[arg-type]
-            f"{_fmt(hi, unit):>10}  {unit:<8} {target}"  # type: ignore[arg-type]
+            f"{workload:<6} {label:<50} {_fmt(med, unit):>10} {_fmt(lo, unit):>10} "
+            f"{_fmt(hi, unit):>10}  {unit:<8} {target:<32} {_met(met, target)}".rstrip()
         )
     for name, value in results.items():
         if isinstance(value, dict) and ("error" in value or "skipped" in value):
@@ -168,11 +271,14 @@ def table(results: dict[str, Any]) -> str:
     meta = results.get("meta") or {}
     if meta:
         db = meta.get("database", {})
+        took = meta.get("seconds")
         lines.append(
             f"\n{meta.get('workers')} workers x {meta.get('concurrency')} prefork processes; "
             f"{db.get('vendor')} ({db.get('version', '')[:30]}), broker {meta.get('broker')}, "
             f"results {meta.get('result_backend')}; {meta.get('reps')} repetitions; "
+            f"lease {meta.get('lease_seconds')} s; "
             f"load average before {meta.get('loadavg_before')}, after {meta.get('loadavg_after')}"
+            + (f"; took {took / 60:.1f} min" if isinstance(took, int | float) else "")
         )
     return "\n".join(lines)
 

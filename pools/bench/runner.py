@@ -55,6 +55,7 @@ def load_app(path: str) -> Any:
 def run(options: Options, stdout: Any = None) -> dict[str, Any]:
     """Run the benchmark; returns the result dict (also written to ``<out>/bench.json``)."""
     stdout = stdout or sys.stdout
+    began = time.monotonic()
     out = options.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     app_path = options.app or default_app_path()
@@ -67,7 +68,10 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
         fleet=Fleet(app, app_path, out / "logs", uuid()[:8]),
         run_id=uuid()[:8],
     )
+    ctx.results["options"] = options.as_dict()
+    ctx.results["command"] = f"pools bench {options.command_line()}"
     ctx.results["meta"] = _meta(ctx)
+    print(f"Options: {options.command_line()}", file=sys.stderr)
     left = backlog.remove_pools()
     if left:
         ctx.notes.append(f"removed {left} entries left by an earlier, interrupted run")
@@ -77,11 +81,15 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
     try:
         _start_workers(ctx)
         _warm_up(ctx)
+        ctx.results["meta"]["setup_seconds"] = time.monotonic() - began
+        seconds = ctx.results["meta"]["workload_seconds"] = {}
         for name in options.workloads:
             if name == "W5" and not redis_url:
                 ctx.results[name] = {"skipped": "the recipe needs Redis: pass --recipe-redis"}
                 continue
+            step = time.monotonic()
             ctx.results[name] = _attempt(ctx, name, redis_url)
+            seconds[name] = time.monotonic() - step
         ctx.results["worker_errors"] = {
             w.name: w.error_lines()[:20] for w in ctx.fleet.workers if w.error_lines()
         }
@@ -96,7 +104,9 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
                 print(f"Clean-up failed: {exc!r}", file=sys.stderr)
     ctx.results["meta"]["loadavg_after"] = _loadavg()
     ctx.results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    ctx.results["meta"]["seconds"] = time.monotonic() - began  # the plots come after
     ctx.results["notes"] = ctx.notes
+    ctx.results["targets"] = report.targets(ctx.results)
     report.write(ctx.results, out, plots=not options.no_plots)
     stdout.write(report.table(ctx.results) + "\n")
     stdout.write(f"Results: {out / 'bench.json'}\n")
@@ -267,7 +277,6 @@ def _meta(ctx: Context) -> dict[str, Any]:
         "reps": o.reps,
         "app": ctx.app_path,
         "revision": _revision(),
-        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()},
     }
 
 

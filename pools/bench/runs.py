@@ -13,6 +13,11 @@ from pools.bench import backlog, stats
 from pools.bench.context import Context
 from pools.bench.workers import POOLED_QUEUE, Worker
 
+#: Pooled calls per backlog sent through ``apply_async`` (the real gate) outside W1; the rest
+#: are bulk copies of the first (:func:`pools.bench.backlog.backlog`). W1, which reports the
+#: submit rate, sends ``--submit-sample`` calls.
+REAL_CALLS = 10
+
 
 @dataclass(frozen=True, kw_only=True)
 class Run:
@@ -46,11 +51,13 @@ def pooled_run(
 ) -> Run:
     """Queue each group's indexes in its (paused) pool, release ``pools``, wait for every body.
 
-    The pools are paused again afterwards and the run returns once nothing holds a slot.
+    ``real`` calls of each group go through ``apply_async`` (default :data:`REAL_CALLS`), the
+    rest are bulk copies. The pools are paused again afterwards and the run returns once
+    nothing holds a slot.
     """
     keys: dict[int, str] = {}
     rates = []
-    sample = ctx.options.submit_sample if real is None else real
+    sample = REAL_CALLS if real is None else real
     for task, indexes in groups:
         ids, rate = backlog.backlog(
             task,
@@ -65,7 +72,13 @@ def pooled_run(
         rates.append(rate)
     released_at = backlog.release(pools)
     try:
-        spans = backlog.collect(ctx.app, list(keys.values()), label, timeout=ctx.options.timeout)
+        spans = backlog.collect(
+            ctx.app,
+            list(keys.values()),
+            label,
+            timeout=ctx.options.timeout,
+            check=ctx.fleet.check_alive,
+        )
     finally:
         backlog.pause(pools)
     backlog.wait_idle(pools)
@@ -83,14 +96,22 @@ def plain_run(
     queue: str,
     workers: list[Worker],
     options_for: Callable[[int], dict[str, Any]] | None = None,
+    before_release: Callable[[], None] | None = None,
 ) -> Run:
-    """Publish ``count`` calls to a held queue, let ``workers`` consume it, wait for every body."""
+    """Publish ``count`` calls to a held queue, let ``workers`` consume it, wait for every body.
+
+    ``before_release`` is called once everything is published, just before the release.
+    """
     ids, rate = backlog.submit(task, count, args_for, queue=queue, options_for=options_for)
     ctx.track(ids)
+    if before_release is not None:
+        before_release()
     released_at = time.time()
     ctx.fleet.consume(queue, workers)
     try:
-        spans = backlog.collect(ctx.app, ids, label, timeout=ctx.options.timeout)
+        spans = backlog.collect(
+            ctx.app, ids, label, timeout=ctx.options.timeout, check=ctx.fleet.check_alive
+        )
     finally:
         ctx.fleet.stop_consuming(queue, workers)
     stats.check_complete(spans, range(count))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import statistics
@@ -114,18 +115,30 @@ def handoff_gaps(spans: Sequence[Span], acquire: str = "s", release: str = "e") 
     return gaps
 
 
-def inversions(items: Sequence[tuple[int, float]]) -> int:
-    """Slots taken by a lower priority while a higher one, already queued, still waited.
+def inversions(items: Iterable[tuple[int, float, float]]) -> int:
+    """Acquisitions made by a lower priority while a higher priority was waiting.
 
-    ``items`` are ``(priority, acquired_at)`` of tasks that were all queued before the first
-    acquire. A task counts once if any task of higher priority acquired after it.
+    ``items`` are ``(priority, queued, acquired)``, one per task, where ``queued`` and
+    ``acquired`` are points on one scale: one clock, or better one sequence (pool event ids,
+    a Redis counter), since only their order matters. A task waits from ``queued`` until
+    ``acquired``. An acquisition counts once, however many tasks it overtook, if some task
+    of strictly higher priority was waiting at that point: queued before it and acquired
+    after it (both strictly, so acquisitions at the same point are never counted against each
+    other, and a task queued at the very point of an acquisition was not yet waiting).
     """
-    latest_at: dict[int, float] = {}
-    for priority, at in items:
-        latest_at[priority] = max(at, latest_at.get(priority, at))
+    by_acquired = sorted(items, key=lambda item: item[2])
+    by_queued = sorted(by_acquired, key=lambda item: item[1])
+    waiting: list[tuple[int, float]] = []  # heap of (-priority, acquired) of queued tasks
+    next_queued = 0
     count = 0
-    for priority, at in items:
-        later_higher = [t for p, t in latest_at.items() if p > priority]
-        if later_higher and max(later_higher) > at:
+    for priority, _queued, acquired in by_acquired:
+        while next_queued < len(by_queued) and by_queued[next_queued][1] < acquired:
+            p, _q, a = by_queued[next_queued]
+            heapq.heappush(waiting, (-p, a))
+            next_queued += 1
+        # Tasks that have acquired by now (this one included) no longer wait.
+        while waiting and waiting[0][1] <= acquired:
+            heapq.heappop(waiting)
+        if waiting and -waiting[0][0] > priority:
             count += 1
     return count

@@ -137,6 +137,7 @@ class Fleet:
         proc = subprocess.Popen(
             argv,
             env=_worker_env(),
+            cwd=_app_root(self.app_path),
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the benchmark, which stops us cleanly
@@ -166,6 +167,17 @@ class Fleet:
             if pending and time.monotonic() > deadline:
                 names = ", ".join(w.name for w in pending)
                 raise RuntimeError(f"workers did not answer a ping in {timeout:.0f} s: {names}")
+
+    def check_alive(self) -> None:
+        """Raise if a worker's main process has exited (its first error line is quoted)."""
+        for worker in self.workers:
+            if not worker.alive():
+                errors = worker.error_lines()
+                last = f": {errors[0]}" if errors else ""
+                raise RuntimeError(
+                    f"worker {worker.name} exited with status {worker.proc.returncode}{last} "
+                    f"(log: {worker.log})"
+                )
 
     def consume(self, queue: str, workers: list[Worker]) -> None:
         """Make ``workers`` start consuming ``queue`` (releases a held backlog)."""
@@ -202,6 +214,22 @@ class Fleet:
             worker.proc.wait(timeout=timeout)
             if worker._log_file is not None:
                 worker._log_file.close()
+
+
+def _app_root(app_path: str) -> str:
+    """The directory the Celery app's top package is imported from (else the current one).
+
+    ``celery -A`` imports the app with the current directory first on ``sys.path``: run from
+    a repository root whose ``example_project/`` folder holds ``manage.py`` and the package
+    ``example_project``, the folder would shadow the package. The workers start where the
+    package lives, as they would from the directory of ``manage.py``.
+    """
+    top = sys.modules.get(app_path.split(":")[0].split(".")[0])
+    location = getattr(top, "__file__", None)
+    if not location:
+        return os.getcwd()
+    path = Path(location).resolve()
+    return str(path.parent.parent if path.name == "__init__.py" else path.parent)
 
 
 def _worker_env() -> dict[str, str]:

@@ -6,6 +6,7 @@ the raw figure of every repetition and its median/min/max.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import connection
@@ -49,6 +50,7 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
                 [(tasks.POOLED[tasks.W1_POOL], range(count))],
                 [tasks.W1_POOL],
                 sleep=sleep,
+                real=o.submit_sample,
             )
             reps["pooled"].append(pooled.throughput)
             reps["plain"].append(plain.throughput)
@@ -141,6 +143,7 @@ def _waiting_filler(pool: str) -> int:
 
 #: W3 filler entries wait behind the timed ones (lower priority), so the depth stays put.
 FILLER_PRIORITY = -1
+FILLER_ARGS = [-1, 0.0]
 
 
 def w3_depth(ctx: Context) -> dict[str, Any]:
@@ -151,7 +154,7 @@ def w3_depth(ctx: Context) -> dict[str, Any]:
     template, _ = backlog.backlog(
         task,
         1,
-        lambda j: [-1, 0.0],
+        lambda j: FILLER_ARGS,
         queue="pools-bench",
         real=1,
         priority_for=lambda j: FILLER_PRIORITY,
@@ -167,7 +170,7 @@ def w3_depth(ctx: Context) -> dict[str, Any]:
                 backlog.copy_entries(
                     template[0],
                     range(depth - have),
-                    lambda j: [-1, 0.0],
+                    lambda j: FILLER_ARGS,
                     lambda j: FILLER_PRIORITY,
                     label=f"W3 filling the line to {depth:,}",
                 )
@@ -177,6 +180,7 @@ def w3_depth(ctx: Context) -> dict[str, Any]:
             added = depth - have
             memory = {
                 "rows_added": added,
+                "args_bytes": len(json.dumps(FILLER_ARGS)),
                 "bytes_per_entry": {k: (after[k] - before[k]) / added for k in after},
                 "total_per_entry": (sum(after.values()) - sum(before.values())) / added,
             }
