@@ -139,6 +139,23 @@ def copy_entries(
     return keys
 
 
+def settle_tables() -> None:
+    """After a bulk load: ``VACUUM ANALYZE`` the queue tables and ``CHECKPOINT`` (PostgreSQL).
+
+    A line of 100,000 entries written in seconds leaves the planner's statistics stale
+    and a checkpoint's worth of dirty pages; a queue that grew to that depth over time
+    has neither, and the depth workload should time admission at that depth, not the
+    database catching up with the load.
+    """
+    if connection.vendor != "postgresql":
+        return
+    tables = [m._meta.db_table for m in (QueueEntry, Demand, PoolEvent)]
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"VACUUM ANALYZE {table}")
+        cursor.execute("CHECKPOINT")
+
+
 def _copy_orm(
     template: QueueEntry, keys: list[str], args: list[list[Any]], priorities: list[int]
 ) -> None:
