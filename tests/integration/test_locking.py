@@ -254,6 +254,26 @@ def test_lock_timeout__settle_raises_and_the_claim_is_still_held(
     assert recorder.keys() == ["run", "next"]
 
 
+def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(
+    recorder, settings, admission_path
+):
+    """A refused enqueue in ``transaction.atomic()`` rolls back only its own work."""
+    from django.db import transaction
+
+    make_pool("p", 1)
+    make_pool("other", 1)
+    with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
+    with transaction.atomic():
+        assert submit("other", key="kept").admitted
+        with pool_row_locked("p"), pytest.raises(PoolUnavailable, match=LOCK_TIMED_OUT):
+            submit("p", key="timed-out")
+        # The caller's transaction is still usable and keeps what it did before.
+        assert list(QueueEntry.objects.values_list("key", flat=True)) == ["kept"]
+        assert recorder.keys() == [], "nothing is published before the caller commits"
+    assert recorder.keys() == ["kept"]
+    assert not QueueEntry.objects.filter(key="timed-out").exists()
+
+
 # --------------------------------------------------------------------------- (c) query count
 
 
