@@ -160,6 +160,12 @@ def add_arguments(parser: ArgumentParser) -> None:
         "--app", default=None, help="Celery app for 'celery -A' (default: the settings' package)"
     )
     parser.add_argument(
+        "--worker-args",
+        default=d.worker_args,
+        help="extra 'celery worker' arguments for every benchmark worker, as one string "
+        "(e.g. '--disable-prefetch')",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=d.out,

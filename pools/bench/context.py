@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,8 @@ class Options:
     timeout: float = 600.0
     #: Celery app for ``celery -A`` (default: the settings module's package).
     app: str | None = None
+    #: Extra ``celery worker`` arguments for every benchmark worker (e.g. ``--disable-prefetch``).
+    worker_args: str = ""
     out: Path = Path("bench-results")
     seed: int = 1
     #: No plots (matplotlib not needed).
@@ -118,12 +121,13 @@ class Options:
             if isinstance(value, bool):
                 if value:
                     parts.append(flag)
-            elif value is None:
+            elif value is None or value == "":
                 continue
             elif isinstance(value, list):
                 parts.append(f"{flag} {','.join(str(v) for v in value)}")
             else:
-                parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
+                shown = f"{value:g}" if isinstance(value, float) else shlex.quote(str(value))
+                parts.append(f"{flag} {shown}")
         return " ".join(parts)
 
 

@@ -81,6 +81,7 @@ def _rows(r: dict[str, Any]) -> list[Row]:
                 None,
             ),
             ("W1", f"{body}: plain submit (apply_async/s)", d["submit_plain"], "calls/s", "", None),
+            *_cpu_rows(body, d.get("cpu_ms_per_task") or {}),
         ]
     w2 = r.get("W2") or {}
     if "settle_to_start" in w2:
@@ -278,9 +279,42 @@ def table(results: dict[str, Any]) -> str:
             f"results {meta.get('result_backend')}; {meta.get('reps')} repetitions; "
             f"lease {meta.get('lease_seconds')} s; "
             f"load average before {meta.get('loadavg_before')}, after {meta.get('loadavg_after')}"
+            + _cpu_line(meta.get("cpu"))
             + (f"; took {took / 60:.1f} min" if isinstance(took, int | float) else "")
         )
+        if db.get("autovacuum") is False:
+            lines.append(
+                "autovacuum is off on this server: the benchmark vacuums the queue tables "
+                "before each pooled repetition (outside the clock), as autovacuum would."
+            )
     return "\n".join(lines)
+
+
+def _cpu_rows(body: str, cpu: dict[str, Any]) -> list[Row]:
+    """CPU per task of each process group: pooled in the value column, plain in the label."""
+    plain, pooled = cpu.get("plain"), cpu.get("pooled")
+    if not plain or not pooled:
+        return []
+    return [
+        (
+            "W1",
+            f"{body}: CPU/task {group} (plain {plain[group]:.2f})",
+            pooled[group],
+            "ms CPU",
+            "",
+            None,
+        )
+        for group in pooled
+    ]
+
+
+def _cpu_line(cpu: Any) -> str:
+    if not isinstance(cpu, dict):
+        return ""
+    return (
+        f"; CPU during the run {cpu.get('busy_percent')}% busy, "
+        f"{cpu.get('steal_percent')}% stolen by other guests"
+    )
 
 
 def _clean(value: Any) -> Any:

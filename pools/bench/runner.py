@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import sys
 import time
 import traceback
@@ -65,7 +66,9 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
         options=options,
         app=app,
         app_path=app_path,
-        fleet=Fleet(app, app_path, out / "logs", uuid()[:8]),
+        fleet=Fleet(
+            app, app_path, out / "logs", uuid()[:8], extra_args=shlex.split(options.worker_args)
+        ),
         run_id=uuid()[:8],
     )
     ctx.results["options"] = options.as_dict()
@@ -103,6 +106,7 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
                 ctx.notes.append(f"clean-up failed: {exc!r}")
                 print(f"Clean-up failed: {exc!r}", file=sys.stderr)
     ctx.results["meta"]["loadavg_after"] = _loadavg()
+    ctx.results["meta"]["cpu"] = _cpu_share(ctx.results["meta"].pop("cpu_ticks_before", None))
     ctx.results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     ctx.results["meta"]["seconds"] = time.monotonic() - began  # the plots come after
     ctx.results["notes"] = ctx.notes
@@ -244,6 +248,43 @@ def _loadavg() -> list[float]:
         return list(os.getloadavg())
 
 
+def _cpu_ticks() -> list[int] | None:
+    """The machine's CPU time counters (``/proc/stat``: user .. steal), or None."""
+    try:
+        return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def _cpu_share(before: list[int] | None) -> dict[str, float] | None:
+    """Busy, idle and stolen shares of the CPU time since ``before`` (percent).
+
+    Steal is time the hypervisor gave to other guests: on a shared virtual machine it
+    shows when the run was slowed by neighbours rather than by the work measured.
+    """
+    after = _cpu_ticks()
+    if before is None or after is None:
+        return None
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(delta) or 1
+    idle = delta[3] + delta[4]  # idle + iowait
+    steal = delta[7]
+    return {
+        "busy_percent": round(100 * (total - idle - steal) / total, 1),
+        "idle_percent": round(100 * idle / total, 1),
+        "steal_percent": round(100 * steal / total, 1),
+    }
+
+
+def _autovacuum() -> bool | None:
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        row = cursor.fetchone()
+    return bool(row and row[0] == "on")
+
+
 def _meta(ctx: Context) -> dict[str, Any]:
     import celery
     import django
@@ -261,12 +302,18 @@ def _meta(ctx: Context) -> dict[str, Any]:
     return {
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "loadavg_before": _loadavg(),
+        "cpu_ticks_before": _cpu_ticks(),
         "cpus": os.cpu_count(),
         "memory_bytes": _mem_total(),
         "python": platform.python_version(),
         "django": django.get_version(),
         "celery": celery.__version__,
-        "database": {"vendor": connection.vendor, "name": str(db.get("NAME")), "version": version},
+        "database": {
+            "vendor": connection.vendor,
+            "name": str(db.get("NAME")),
+            "version": version,
+            "autovacuum": _autovacuum(),
+        },
         "broker": _transport(app),
         "result_backend": type(app.backend).__name__,
         "acks_late": bool(app.conf.task_acks_late),

@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Task
 
-from pools.bench import backlog, stats
+from pools.bench import backlog, cpu, stats
 from pools.bench.context import Context
 from pools.bench.workers import POOLED_QUEUE, Worker
 
@@ -31,6 +31,9 @@ class Run:
     released_at: float
     #: Submit rate of the real ``apply_async`` calls (calls/s).
     submit_rate: float
+    #: CPU milliseconds per task by process group from the release to the last body
+    #: (:mod:`pools.bench.cpu`; None where it cannot be read).
+    cpu_ms: dict[str, float] | None = None
 
     @property
     def throughput(self) -> float:
@@ -55,6 +58,7 @@ def pooled_run(
     rest are bulk copies. The pools are paused again afterwards and the run returns once
     nothing holds a slot.
     """
+    backlog.settle_tables(checkpoint=False)
     keys: dict[int, str] = {}
     rates = []
     sample = REAL_CALLS if real is None else real
@@ -70,6 +74,7 @@ def pooled_run(
         ctx.track(ids)
         keys.update(zip(indexes, ids, strict=True))
         rates.append(rate)
+    cpu_before = cpu.snapshot(ctx.fleet.main_pids())
     released_at = backlog.release(pools)
     try:
         spans = backlog.collect(
@@ -79,11 +84,18 @@ def pooled_run(
             timeout=ctx.options.timeout,
             check=ctx.fleet.check_alive,
         )
+        cpu_ms = cpu.per_task_ms(cpu_before, cpu.snapshot(ctx.fleet.main_pids()), len(spans))
     finally:
         backlog.pause(pools)
     backlog.wait_idle(pools)
     stats.check_complete(spans, keys)
-    return Run(keys=keys, spans=spans, released_at=released_at, submit_rate=min(rates, default=0.0))
+    return Run(
+        keys=keys,
+        spans=spans,
+        released_at=released_at,
+        submit_rate=min(rates, default=0.0),
+        cpu_ms=cpu_ms,
+    )
 
 
 def plain_run(
@@ -106,13 +118,21 @@ def plain_run(
     ctx.track(ids)
     if before_release is not None:
         before_release()
+    cpu_before = cpu.snapshot(ctx.fleet.main_pids())
     released_at = time.time()
     ctx.fleet.consume(queue, workers)
     try:
         spans = backlog.collect(
             ctx.app, ids, label, timeout=ctx.options.timeout, check=ctx.fleet.check_alive
         )
+        cpu_ms = cpu.per_task_ms(cpu_before, cpu.snapshot(ctx.fleet.main_pids()), len(spans))
     finally:
         ctx.fleet.stop_consuming(queue, workers)
     stats.check_complete(spans, range(count))
-    return Run(keys=dict(enumerate(ids)), spans=spans, released_at=released_at, submit_rate=rate)
+    return Run(
+        keys=dict(enumerate(ids)),
+        spans=spans,
+        released_at=released_at,
+        submit_rate=rate,
+        cpu_ms=cpu_ms,
+    )

@@ -34,6 +34,13 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def median_by_key(rows: Sequence[Mapping[str, float]]) -> dict[str, float] | None:
+    """The median of each key over repetitions (None when there are none)."""
+    if not rows:
+        return None
+    return {key: float(statistics.median(row[key] for row in rows)) for key in rows[0]}
+
+
 def distribution(values: Sequence[float]) -> dict[str, float]:
     """p50 / p95 / p99 / max of one sample, and its size."""
     return {

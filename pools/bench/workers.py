@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,12 +100,25 @@ def _children(pid: int) -> list[int]:
 class Fleet:
     """Starts, watches and stops the benchmark's workers."""
 
-    def __init__(self, app: Any, app_path: str, log_dir: Path, run_id: str) -> None:
+    def __init__(
+        self,
+        app: Any,
+        app_path: str,
+        log_dir: Path,
+        run_id: str,
+        *,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.app = app
         self.app_path = app_path
         self.log_dir = log_dir
         self.run_id = run_id
+        self.extra_args = list(extra_args)
         self.workers: list[Worker] = []
+
+    def main_pids(self) -> list[int]:
+        """Process ids of the workers' main processes (their pool processes are children)."""
+        return [worker.proc.pid for worker in self.workers]
 
     def start(self, label: str, concurrency: int, queues: list[str]) -> Worker:
         """Start one worker (returns at once; see :meth:`wait_ready`)."""
@@ -133,6 +147,7 @@ class Fleet:
             "--without-heartbeat",
             "-l",
             "warning",
+            *self.extra_args,
         ]
         proc = subprocess.Popen(
             argv,

@@ -33,6 +33,7 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
         body = _body(sleep)
         reps: dict[str, list[float]] = {k: [] for k in ("pooled", "plain", "ratio")}
         reps.update({"submit_pooled": [], "submit_plain": [], "peak": [], "completed": []})
+        cpu_reps: dict[str, list[dict[str, float]]] = {"plain": [], "pooled": []}
         for rep in range(o.reps):
             tag = f"{rep + 1}/{o.reps}"
             plain = plain_run(
@@ -59,10 +60,14 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
             reps["submit_plain"].append(plain.submit_rate)
             reps["peak"].append(stats.max_concurrency(pooled.spans))
             reps["completed"].append(len(pooled.spans))
+            for kind, run in (("plain", plain), ("pooled", pooled)):
+                if run.cpu_ms is not None:
+                    cpu_reps[kind].append(run.cpu_ms)
         out[body] = {
             "tasks": count,
             "reps": reps,
             **{k: stats.summary(v) for k, v in reps.items() if k != "completed"},
+            "cpu_ms_per_task": {kind: stats.median_by_key(runs) for kind, runs in cpu_reps.items()},
         }
     return out
 

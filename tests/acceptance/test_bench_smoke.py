@@ -64,6 +64,7 @@ def test_bench_smoke__counts_every_task_and_cleans_up(tmp_path: Path, monkeypatc
         "--recipe-ttl", "2",
         "--submit-sample", "5",
         "--timeout", "45",
+        "--worker-args=--disable-prefetch",
         stdout=out,
     )  # fmt: skip
 
@@ -77,6 +78,15 @@ def test_bench_smoke__counts_every_task_and_cleans_up(tmp_path: Path, monkeypatc
     assert w1["no-op"]["reps"]["completed"] == [40]
     assert w1["20 ms"]["reps"]["completed"] == [16]
     assert max(w1["20 ms"]["reps"]["peak"]) <= w1["slots"]
+    assert result["options"]["worker_args"] == "--disable-prefetch"
+    if Path("/proc/stat").exists():  # CPU accounting reads /proc
+        cpu = w1["no-op"]["cpu_ms_per_task"]
+        groups = {"celery main", "pool processes", "postgres", "redis", "machine"}
+        assert set(cpu["plain"]) == set(cpu["pooled"]) == groups
+        # The bodies ran in the workers' pool processes, and the machine was busy with them.
+        assert cpu["pooled"]["pool processes"] > 0 and cpu["plain"]["pool processes"] > 0
+        assert cpu["pooled"]["machine"] >= cpu["pooled"]["pool processes"]
+        assert cpu["pooled"]["postgres"] > 0  # start and settle are database calls
 
     w2 = result["W2"]
     assert w2["gaps_per_rep"] == [11]

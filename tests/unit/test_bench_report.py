@@ -110,3 +110,10 @@ def test_options__full_gives_the_issue_sizes_unless_a_size_is_given():
         k: v for k, v in FULL_SIZES.items() if k != "handoff_tasks"
     }
     assert _parse("--tasks", "5000").tasks == 5000
+
+
+def test_options__worker_args_are_passed_on_and_shown_quoted():
+    options = _parse("--worker-args=--disable-prefetch --prefetch-multiplier 1")
+    assert options.worker_args == "--disable-prefetch --prefetch-multiplier 1"
+    assert "--worker-args '--disable-prefetch --prefetch-multiplier 1'" in options.command_line()
+    assert "--worker-args" not in Options().command_line()

@@ -1,0 +1,99 @@
+"""Where the CPU goes: CPU time of the benchmark's workers, PostgreSQL and Redis per run.
+
+On this kind of machine (2 cores, everything on loopback) a no-op run is bound by CPU, so
+the cost of a task is its CPU time summed over every process it touches. Read from
+``/proc`` (Linux); elsewhere every figure is ``None`` and the benchmark runs without them.
+
+Groups:
+
+* ``celery main``: the workers' main processes (consume, dispatch to the pool, ack);
+* ``pool processes``: their prefork children (the task bodies, result store, and for
+  pooled tasks start, settle and the publish of the next admitted message);
+* ``postgres`` and ``redis``: every local process of those servers (a server on another
+  machine counts as nothing here);
+* ``machine``: all CPU time of the machine that was not idle (also the benchmark itself
+  and everything else that ran), from ``/proc/stat``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+PROC = Path("/proc")
+GROUPS = ("celery main", "pool processes", "postgres", "redis", "machine")
+_SERVERS = {"postgres": "postgres", "redis-server": "redis"}
+
+
+def _ticks_per_second() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def _stat(pid: str) -> tuple[str, int, int] | None:
+    """``(command name, parent pid, user+system ticks)`` of one process, or None if gone."""
+    try:
+        raw = (PROC / pid / "stat").read_text()
+    except OSError:
+        return None
+    name = raw[raw.find("(") + 1 : raw.rfind(")")]
+    fields = raw[raw.rfind(")") + 2 :].split()
+    try:
+        return name, int(fields[1]), int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None
+
+
+def _machine_busy_ticks() -> int | None:
+    """Ticks the machine spent neither idle, waiting for I/O nor stolen by other guests."""
+    try:
+        values = [int(v) for v in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return sum(values) - values[3] - values[4] - values[7]
+
+
+def snapshot(worker_pids: Iterable[int]) -> dict[str, float] | None:
+    """Cumulative CPU seconds of each group now (None where ``/proc`` cannot be read)."""
+    if not (PROC / "stat").exists():
+        return None
+    mains = {int(p) for p in worker_pids}
+    ticks = dict.fromkeys(GROUPS, 0)
+    for pid in os.listdir(PROC):
+        if not pid.isdigit():
+            continue
+        stat = _stat(pid)
+        if stat is None:
+            continue
+        name, ppid, used = stat
+        if int(pid) in mains:
+            ticks["celery main"] += used
+        elif ppid in mains:
+            ticks["pool processes"] += used
+        elif name in _SERVERS:
+            ticks[_SERVERS[name]] += used
+    busy = _machine_busy_ticks()
+    if busy is None:
+        return None
+    ticks["machine"] = busy
+    hz = _ticks_per_second()
+    return {group: value / hz for group, value in ticks.items()}
+
+
+def per_task_ms(
+    before: Mapping[str, float] | None, after: Mapping[str, float] | None, tasks: int
+) -> dict[str, float] | None:
+    """CPU milliseconds per task of each group between two snapshots.
+
+    A process that exited in between takes its CPU time with it: a group that seems to have
+    gone backwards counts as nothing (never a negative cost).
+    """
+    if before is None or after is None or tasks <= 0:
+        return None
+    return {
+        group: round(max(after.get(group, 0.0) - before.get(group, 0.0), 0.0) * 1000 / tasks, 3)
+        for group in GROUPS
+    }
