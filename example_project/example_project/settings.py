@@ -87,6 +87,8 @@ if CELERY_BROKER_URL.startswith("filesystem"):
     _control = VAR_DIR / "broker" / "control"
     for _folder in (_queue, _processed, _control):
         _folder.mkdir(parents=True, exist_ok=True)
+    # kombu's filesystem transport, writing each message file whole (see broker.py).
+    CELERY_BROKER_TRANSPORT = "example_project.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue),
         "data_folder_out": str(_queue),
