@@ -139,6 +139,26 @@ def copy_entries(
     return keys
 
 
+def wal_position() -> str | None:
+    """PostgreSQL's current write-ahead log position (None on other databases)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn()::text")
+        row = cursor.fetchone()
+    return str(row[0]) if row else None
+
+
+def wal_bytes_since(position: str | None) -> float | None:
+    """Bytes of write-ahead log written since ``position`` (by every session)."""
+    if position is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [position])
+        row = cursor.fetchone()
+    return float(row[0]) if row else None
+
+
 def settle_tables(*, checkpoint: bool = True) -> None:
     """``VACUUM ANALYZE`` the queue tables, then ``CHECKPOINT`` (PostgreSQL; outside the clock).
 

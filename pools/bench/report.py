@@ -82,6 +82,20 @@ def _rows(r: dict[str, Any]) -> list[Row]:
             ),
             ("W1", f"{body}: plain submit (apply_async/s)", d["submit_plain"], "calls/s", "", None),
             *_cpu_rows(body, d.get("cpu_ms_per_task") or {}),
+            *(
+                [
+                    (
+                        "W1",
+                        f"{body}: PostgreSQL WAL per pooled task",
+                        d["wal_bytes"],
+                        "bytes",
+                        "",
+                        None,
+                    )
+                ]
+                if _num(d.get("wal_bytes")) is not None
+                else []
+            ),
         ]
     w2 = r.get("W2") or {}
     if "settle_to_start" in w2:

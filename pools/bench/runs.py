@@ -34,6 +34,8 @@ class Run:
     #: CPU milliseconds per task by process group from the release to the last body
     #: (:mod:`pools.bench.cpu`; None where it cannot be read).
     cpu_ms: dict[str, float] | None = None
+    #: PostgreSQL write-ahead log written per task over the same window (None elsewhere).
+    wal_bytes: float | None = None
 
     @property
     def throughput(self) -> float:
@@ -75,6 +77,7 @@ def pooled_run(
         keys.update(zip(indexes, ids, strict=True))
         rates.append(rate)
     cpu_before = cpu.snapshot(ctx.fleet.main_pids())
+    wal_before = backlog.wal_position()
     released_at = backlog.release(pools)
     try:
         spans = backlog.collect(
@@ -85,6 +88,7 @@ def pooled_run(
             check=ctx.fleet.check_alive,
         )
         cpu_ms = cpu.per_task_ms(cpu_before, cpu.snapshot(ctx.fleet.main_pids()), len(spans))
+        wal = backlog.wal_bytes_since(wal_before)
     finally:
         backlog.pause(pools)
     backlog.wait_idle(pools)
@@ -95,6 +99,7 @@ def pooled_run(
         released_at=released_at,
         submit_rate=min(rates, default=0.0),
         cpu_ms=cpu_ms,
+        wal_bytes=None if wal is None else wal / max(len(spans), 1),
     )
 
 

@@ -33,6 +33,7 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
         body = _body(sleep)
         reps: dict[str, list[float]] = {k: [] for k in ("pooled", "plain", "ratio")}
         reps.update({"submit_pooled": [], "submit_plain": [], "peak": [], "completed": []})
+        reps["wal_bytes"] = []
         cpu_reps: dict[str, list[dict[str, float]]] = {"plain": [], "pooled": []}
         for rep in range(o.reps):
             tag = f"{rep + 1}/{o.reps}"
@@ -60,6 +61,8 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
             reps["submit_plain"].append(plain.submit_rate)
             reps["peak"].append(stats.max_concurrency(pooled.spans))
             reps["completed"].append(len(pooled.spans))
+            if pooled.wal_bytes is not None:
+                reps["wal_bytes"].append(pooled.wal_bytes)
             for kind, run in (("plain", plain), ("pooled", pooled)):
                 if run.cpu_ms is not None:
                     cpu_reps[kind].append(run.cpu_ms)

@@ -87,6 +87,9 @@ def test_bench_smoke__counts_every_task_and_cleans_up(tmp_path: Path, monkeypatc
         assert cpu["pooled"]["pool processes"] > 0 and cpu["plain"]["pool processes"] > 0
         assert cpu["pooled"]["machine"] >= cpu["pooled"]["pool processes"]
         assert cpu["pooled"]["postgres"] > 0  # start and settle are database calls
+    # Every pooled task writes its start and settle to PostgreSQL's write-ahead log.
+    assert len(w1["no-op"]["reps"]["wal_bytes"]) == 1
+    assert w1["no-op"]["wal_bytes"]["median"] > 500
 
     w2 = result["W2"]
     assert w2["gaps_per_rep"] == [11]

@@ -369,6 +369,47 @@ def test_line_query__is_served_by_the_line_index(recorder):
     assert "Sort" not in plan, plan
 
 
+def _plan_without_seqscan(queryset: Any) -> str:
+    """The plan of ``queryset`` when PostgreSQL may not scan the table (size-independent)."""
+    with connection.cursor() as cur:
+        cur.execute("SET enable_seqscan = off")
+    try:
+        return str(queryset.explain())
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("RESET enable_seqscan")
+
+
+def test_partial_indexes__serve_the_queries_that_use_them(recorder):
+    """Each partial index's condition is implied by the queries it is for (migration 0003).
+
+    The conditions keep index entries (and WAL) out of most row versions: a waiting entry
+    has no lease, a running one no finish time. A query whose filter did not imply the
+    condition would silently scan the table instead.
+    """
+    now = timezone.now()
+    held = QueueEntry.objects.held()
+    cases = {
+        "pools_entry_state_lease": [
+            held.filter(lease_expires_at__lt=now),  # lapsed leases (sweeps.reclaim)
+            held.filter(lease_expires_at__lt=now).order_by("lease_expires_at")[:1],
+        ],
+        "pools_entry_state_deadline": [
+            QueueEntry.objects.waiting().filter(deadline__lt=now).order_by("deadline")[:500]
+        ],
+        "pools_entry_state_finished": [
+            QueueEntry.objects.filter(state__in=["succeeded", "failed"], finished_at__lt=now)
+        ],
+        "pools_entry_root": [QueueEntry.objects.filter(root_id="a-workflow-root")],
+        "pools_entry_key": [QueueEntry.objects.filter(key="a-task-id")],
+        "pools_event_pool": [PoolEvent.objects.filter(pool="p")],
+    }
+    for index, querysets in cases.items():
+        for queryset in querysets:
+            plan = _plan_without_seqscan(queryset)
+            assert index in plan, (index, str(queryset.query), plan)
+
+
 # --------------------------------------------------------------------------- sweep vs start
 
 
