@@ -139,24 +139,26 @@ def copy_entries(
     return keys
 
 
+def scalar(sql: str, params: Sequence[Any] = ()) -> Any:
+    """The first column of the first row of ``sql`` (None when there is no row)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, list(params))
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
 def wal_position() -> str | None:
     """PostgreSQL's current write-ahead log position (None on other databases)."""
     if connection.vendor != "postgresql":
         return None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_current_wal_lsn()::text")
-        row = cursor.fetchone()
-    return str(row[0]) if row else None
+    return str(scalar("SELECT pg_current_wal_lsn()::text"))
 
 
 def wal_bytes_since(position: str | None) -> float | None:
     """Bytes of write-ahead log written since ``position`` (by every session)."""
     if position is None:
         return None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [position])
-        row = cursor.fetchone()
-    return float(row[0]) if row else None
+    return float(scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [position]))
 
 
 def settle_tables(*, checkpoint: bool = True) -> None:

@@ -47,13 +47,36 @@ def _stat(pid: str) -> tuple[str, int, int] | None:
         return None
 
 
-def _machine_busy_ticks() -> int | None:
-    """Ticks the machine spent neither idle, waiting for I/O nor stolen by other guests."""
+def machine_counters() -> list[int] | None:
+    """The machine's CPU time counters (``/proc/stat``: user .. steal, in ticks), or None."""
     try:
-        values = [int(v) for v in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:9]]
+        return [int(v) for v in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:9]]
     except (OSError, ValueError):
         return None
-    return sum(values) - values[3] - values[4] - values[7]
+
+
+def _busy(counters: list[int]) -> int:
+    """Ticks spent neither idle, waiting for I/O nor stolen by other guests."""
+    return sum(counters) - counters[3] - counters[4] - counters[7]
+
+
+def machine_share(before: list[int] | None) -> dict[str, float] | None:
+    """Busy, idle and stolen shares of the machine's CPU time since ``before`` (percent).
+
+    Steal is time the hypervisor gave to other guests: on a shared virtual machine it
+    shows when the run was slowed by neighbours rather than by the work measured.
+    """
+    after = machine_counters()
+    if before is None or after is None:
+        return None
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(delta) or 1
+    idle = delta[3] + delta[4]  # idle + iowait
+    return {
+        "busy_percent": round(100 * _busy(delta) / total, 1),
+        "idle_percent": round(100 * idle / total, 1),
+        "steal_percent": round(100 * delta[7] / total, 1),
+    }
 
 
 def snapshot(worker_pids: Iterable[int]) -> dict[str, float] | None:
@@ -75,10 +98,10 @@ def snapshot(worker_pids: Iterable[int]) -> dict[str, float] | None:
             ticks["pool processes"] += used
         elif name in _SERVERS:
             ticks[_SERVERS[name]] += used
-    busy = _machine_busy_ticks()
-    if busy is None:
+    counters = machine_counters()
+    if counters is None:
         return None
-    ticks["machine"] = busy
+    ticks["machine"] = _busy(counters)
     hz = _ticks_per_second()
     return {group: value / hz for group, value in ticks.items()}
 

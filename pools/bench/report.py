@@ -82,20 +82,7 @@ def _rows(r: dict[str, Any]) -> list[Row]:
             ),
             ("W1", f"{body}: plain submit (apply_async/s)", d["submit_plain"], "calls/s", "", None),
             *_cpu_rows(body, d.get("cpu_ms_per_task") or {}),
-            *(
-                [
-                    (
-                        "W1",
-                        f"{body}: PostgreSQL WAL per pooled task",
-                        d["wal_bytes"],
-                        "bytes",
-                        "",
-                        None,
-                    )
-                ]
-                if _num(d.get("wal_bytes")) is not None
-                else []
-            ),
+            *_wal_rows(body, d.get("wal_bytes")),
         ]
     w2 = r.get("W2") or {}
     if "settle_to_start" in w2:
@@ -320,6 +307,13 @@ def _cpu_rows(body: str, cpu: dict[str, Any]) -> list[Row]:
         )
         for group in pooled
     ]
+
+
+def _wal_rows(body: str, wal: Any) -> list[Row]:
+    """PostgreSQL write-ahead log per pooled task (no row on other databases)."""
+    if _num(wal) is None:
+        return []
+    return [("W1", f"{body}: PostgreSQL WAL per pooled task", wal, "bytes", "", None)]
 
 
 def _cpu_line(cpu: Any) -> str:

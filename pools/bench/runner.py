@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import connection
 
 from pools import conf
-from pools.bench import backlog, report
+from pools.bench import backlog, cpu, report
 from pools.bench.context import Context, Options
 from pools.bench.workers import (
     FLOOR_QUEUE,
@@ -106,7 +106,9 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
                 ctx.notes.append(f"clean-up failed: {exc!r}")
                 print(f"Clean-up failed: {exc!r}", file=sys.stderr)
     ctx.results["meta"]["loadavg_after"] = _loadavg()
-    ctx.results["meta"]["cpu"] = _cpu_share(ctx.results["meta"].pop("cpu_ticks_before", None))
+    ctx.results["meta"]["cpu"] = cpu.machine_share(
+        ctx.results["meta"].pop("cpu_ticks_before", None)
+    )
     ctx.results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     ctx.results["meta"]["seconds"] = time.monotonic() - began  # the plots come after
     ctx.results["notes"] = ctx.notes
@@ -248,41 +250,10 @@ def _loadavg() -> list[float]:
         return list(os.getloadavg())
 
 
-def _cpu_ticks() -> list[int] | None:
-    """The machine's CPU time counters (``/proc/stat``: user .. steal), or None."""
-    try:
-        return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return None
-
-
-def _cpu_share(before: list[int] | None) -> dict[str, float] | None:
-    """Busy, idle and stolen shares of the CPU time since ``before`` (percent).
-
-    Steal is time the hypervisor gave to other guests: on a shared virtual machine it
-    shows when the run was slowed by neighbours rather than by the work measured.
-    """
-    after = _cpu_ticks()
-    if before is None or after is None:
-        return None
-    delta = [b - a for a, b in zip(before, after, strict=True)]
-    total = sum(delta) or 1
-    idle = delta[3] + delta[4]  # idle + iowait
-    steal = delta[7]
-    return {
-        "busy_percent": round(100 * (total - idle - steal) / total, 1),
-        "idle_percent": round(100 * idle / total, 1),
-        "steal_percent": round(100 * steal / total, 1),
-    }
-
-
 def _autovacuum() -> bool | None:
     if connection.vendor != "postgresql":
         return None
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW autovacuum")
-        row = cursor.fetchone()
-    return bool(row and row[0] == "on")
+    return backlog.scalar("SHOW autovacuum") == "on"
 
 
 def _meta(ctx: Context) -> dict[str, Any]:
@@ -290,19 +261,18 @@ def _meta(ctx: Context) -> dict[str, Any]:
     import django
 
     db = connection.settings_dict
-    version = ""
-    with connection.cursor() as cursor:
-        cursor.execute(
+    version = str(
+        backlog.scalar(
             "SELECT version()" if connection.vendor == "postgresql" else "SELECT sqlite_version()"
         )
-        row = cursor.fetchone()
-        version = str(row[0]) if row else ""
+        or ""
+    )
     app = ctx.app
     o = ctx.options
     return {
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "loadavg_before": _loadavg(),
-        "cpu_ticks_before": _cpu_ticks(),
+        "cpu_ticks_before": cpu.machine_counters(),
         "cpus": os.cpu_count(),
         "memory_bytes": _mem_total(),
         "python": platform.python_version(),
