@@ -51,6 +51,15 @@ def _at_least(value: Any, limit: float, key: str = "median") -> bool | None:
     return None if v is None else v >= limit
 
 
+def _lag_rows(body: str, d: dict[str, Any]) -> list[Row]:
+    """Release -> first body start, outside the throughput clock (absent in older results)."""
+    return [
+        ("W1", f"{body}: first body after the release, {side}", d[key], "ms", "", None)
+        for side, key in (("pooled", "lag_pooled"), ("plain", "lag_plain"))
+        if key in d
+    ]
+
+
 def _rows(r: dict[str, Any]) -> list[Row]:
     """Every figure of the table; a target is judged on the median of the repetitions, except
     where every repetition must meet it (zero retries, zero inversions, peak, killed holder:
@@ -81,6 +90,7 @@ def _rows(r: dict[str, Any]) -> list[Row]:
                 None,
             ),
             ("W1", f"{body}: plain submit (apply_async/s)", d["submit_plain"], "calls/s", "", None),
+            *_lag_rows(body, d),
             *_cpu_rows(body, d.get("cpu_ms_per_task") or {}),
             *_wal_rows(body, d.get("wal_bytes")),
         ]

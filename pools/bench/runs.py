@@ -39,8 +39,13 @@ class Run:
 
     @property
     def throughput(self) -> float:
-        """Tasks per second from the release to the end of the last body."""
-        return stats.throughput(self.spans, self.released_at)
+        """Tasks per second from the first body's start to the last body's end."""
+        return stats.throughput(self.spans)
+
+    @property
+    def start_lag(self) -> float:
+        """Seconds from the release to the first body's start (outside the clock)."""
+        return stats.start_lag(self.spans, self.released_at)
 
 
 def pooled_run(

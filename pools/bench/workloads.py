@@ -33,6 +33,7 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
         body = _body(sleep)
         reps: dict[str, list[float]] = {k: [] for k in ("pooled", "plain", "ratio")}
         reps.update({"submit_pooled": [], "submit_plain": [], "peak": [], "completed": []})
+        reps.update({"lag_pooled": [], "lag_plain": []})
         reps["wal_bytes"] = []
         cpu_reps: dict[str, list[dict[str, float]]] = {"plain": [], "pooled": []}
         for rep in range(o.reps):
@@ -59,6 +60,8 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
             reps["ratio"].append(pooled.throughput / plain.throughput)
             reps["submit_pooled"].append(pooled.submit_rate)
             reps["submit_plain"].append(plain.submit_rate)
+            reps["lag_pooled"].append(pooled.start_lag)
+            reps["lag_plain"].append(plain.start_lag)
             reps["peak"].append(stats.max_concurrency(pooled.spans))
             reps["completed"].append(len(pooled.spans))
             if pooled.wal_bytes is not None:

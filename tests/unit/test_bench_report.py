@@ -117,3 +117,15 @@ def test_options__worker_args_are_passed_on_and_shown_quoted():
     assert options.worker_args == "--disable-prefetch --prefetch-multiplier 1"
     assert "--worker-args '--disable-prefetch --prefetch-multiplier 1'" in options.command_line()
     assert "--worker-args" not in Options().command_line()
+
+
+def test_w1__release_lag_rows_beside_the_throughput():
+    d = {k: _summary(1.0) for k in ("pooled", "plain", "ratio", "submit_pooled", "submit_plain")}
+    d.update(lag_pooled=_summary(0.03), lag_plain=_summary(0.42))
+    rows = {row[1]: row for row in report._rows({"W1": {"no-op": d}})}
+    assert rows["no-op: first body after the release, pooled"][2] == _summary(0.03)
+    assert rows["no-op: first body after the release, plain"][2] == _summary(0.42)
+    assert rows["no-op: first body after the release, plain"][3] == "ms"
+    # Results written before the lag was recorded still render.
+    del d["lag_pooled"], d["lag_plain"]
+    assert not [r for r in report._rows({"W1": {"no-op": d}}) if "release" in r[1]]

@@ -18,6 +18,20 @@ def test_percentile__nearest_rank():
     assert stats.percentile([3.0], 99) == 3.0
 
 
+def test_throughput__clock_runs_from_the_first_start_to_the_last_end():
+    # Released at 10.0; the first body starts 0.5 s later (e.g. add_consumer's lag).
+    spans = [
+        {"s": 10.5, "e": 11.0},
+        {"s": 11.0, "e": 12.0},
+        {"s": 11.5, "e": 12.5},
+        {"s": 12.0, "e": 12.1},
+    ]
+    assert stats.throughput(spans) == pytest.approx(4 / 2.0)
+    assert stats.start_lag(spans, 10.0) == pytest.approx(0.5)
+    assert stats.throughput([]) == 0.0
+    assert stats.start_lag([], 10.0) == 0.0
+
+
 def test_serial_gaps__one_gap_between_each_pair_in_start_order():
     spans = [
         {"i": 1, "s": 2.0, "e": 2.5},
