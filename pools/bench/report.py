@@ -60,6 +60,24 @@ def _lag_rows(body: str, d: dict[str, Any]) -> list[Row]:
     ]
 
 
+#: Table labels of :data:`pools.bench.stats.STAGES`.
+STAGE_LABELS = {
+    "end_to_settle": "pooled body end -> settle call",
+    "admitted_to_start": "pooled admission -> start call",
+    "start_to_body": "pooled start call -> body",
+}
+
+
+def _stage_rows(body: str, stages: dict[str, Any]) -> list[Row]:
+    """Where a pooled task's hand-off time goes (absent in older results)."""
+    return [
+        ("W1", f"{body}: {STAGE_LABELS[name]} {q}", stages[name][q], "ms", "", None)
+        for name in STAGE_LABELS
+        if name in stages
+        for q in ("p50", "p99")
+    ]
+
+
 def _rows(r: dict[str, Any]) -> list[Row]:
     """Every figure of the table; a target is judged on the median of the repetitions, except
     where every repetition must meet it (zero retries, zero inversions, peak, killed holder:
@@ -91,6 +109,7 @@ def _rows(r: dict[str, Any]) -> list[Row]:
             ),
             ("W1", f"{body}: plain submit (apply_async/s)", d["submit_plain"], "calls/s", "", None),
             *_lag_rows(body, d),
+            *_stage_rows(body, d.get("stages") or {}),
             *_cpu_rows(body, d.get("cpu_ms_per_task") or {}),
             *_wal_rows(body, d.get("wal_bytes")),
         ]

@@ -36,6 +36,8 @@ class Run:
     cpu_ms: dict[str, float] | None = None
     #: PostgreSQL write-ahead log written per task over the same window (None elsewhere).
     wal_bytes: float | None = None
+    #: Pooled runs: seconds each task spent in each stage of :data:`pools.bench.stats.STAGES`.
+    stages: dict[str, list[float]] | None = None
 
     @property
     def throughput(self) -> float:
@@ -98,6 +100,7 @@ def pooled_run(
         backlog.pause(pools)
     backlog.wait_idle(pools)
     stats.check_complete(spans, keys)
+    times = backlog.entry_times(keys)
     return Run(
         keys=keys,
         spans=spans,
@@ -105,6 +108,7 @@ def pooled_run(
         submit_rate=min(rates, default=0.0),
         cpu_ms=cpu_ms,
         wal_bytes=None if wal is None else wal / max(len(spans), 1),
+        stages=stats.stages(spans, times),
     )
 
 

@@ -52,6 +52,36 @@ def distribution(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+#: The stages of a pooled task's path that the entry's own times separate (see :func:`stages`).
+STAGES = ("end_to_settle", "admitted_to_start", "start_to_body")
+
+
+def stages(
+    spans: Sequence[Span], times: Mapping[int, tuple[float, float, float]]
+) -> dict[str, list[float]]:
+    """Seconds each pooled task spent in each of :data:`STAGES`, from its body and its entry.
+
+    ``times[i]`` is the entry of body ``i``: when it was admitted, when the worker's start
+    call began and when the settle call began (``admitted_at``, ``started_at``,
+    ``finished_at``: each the clock of the call that wrote it, taken before its SQL). So:
+
+    * ``end_to_settle``: body end -> settle call (Celery stores the result, ``task_postrun``);
+    * ``admitted_to_start``: admission -> start call (the admitting transaction's SQL and
+      commit, the publish, the broker, the worker's main process, the pool process);
+    * ``start_to_body``: start call -> body start (the start's SQL and commit).
+    """
+    out: dict[str, list[float]] = {name: [] for name in STAGES}
+    for span in spans:
+        entry = times.get(int(span["i"]))
+        if entry is None:
+            continue
+        admitted, started, settled = entry
+        out["end_to_settle"].append(settled - float(span["e"]))
+        out["admitted_to_start"].append(started - admitted)
+        out["start_to_body"].append(float(span["s"]) - started)
+    return out
+
+
 def check_complete(spans: Sequence[Span], expected: Iterable[int]) -> None:
     """Raise unless every expected index reported exactly once."""
     want = sorted(expected)

@@ -36,6 +36,7 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
         reps.update({"lag_pooled": [], "lag_plain": []})
         reps["wal_bytes"] = []
         cpu_reps: dict[str, list[dict[str, float]]] = {"plain": [], "pooled": []}
+        stage_reps: list[dict[str, dict[str, float]]] = []
         for rep in range(o.reps):
             tag = f"{rep + 1}/{o.reps}"
             plain = plain_run(
@@ -66,6 +67,8 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
             reps["completed"].append(len(pooled.spans))
             if pooled.wal_bytes is not None:
                 reps["wal_bytes"].append(pooled.wal_bytes)
+            if pooled.stages:
+                stage_reps.append({k: stats.distribution(v) for k, v in pooled.stages.items()})
             for kind, run in (("plain", plain), ("pooled", pooled)):
                 if run.cpu_ms is not None:
                     cpu_reps[kind].append(run.cpu_ms)
@@ -74,6 +77,11 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
             "reps": reps,
             **{k: stats.summary(v) for k, v in reps.items() if k != "completed"},
             "cpu_ms_per_task": {kind: stats.median_by_key(runs) for kind, runs in cpu_reps.items()},
+            "stages": {
+                name: {q: stats.summary([r[name][q] for r in stage_reps]) for q in ("p50", "p99")}
+                for name in stats.STAGES
+                if stage_reps
+            },
         }
     return out
 

@@ -88,6 +88,14 @@ def test_bench_smoke__counts_every_task_and_cleans_up(tmp_path: Path, monkeypatc
         assert cpu["pooled"]["machine"] >= cpu["pooled"]["pool processes"]
         assert cpu["pooled"]["postgres"] > 0  # start and settle are database calls
     # Every pooled task writes its start and settle to PostgreSQL's write-ahead log.
+    for body in ("no-op", "20 ms"):
+        # Every task's entry gave its stages; each stage is a positive time, and the body
+        # of a 20 ms task is not in any of them.
+        stages = w1[body]["stages"]
+        assert set(stages) == {"end_to_settle", "admitted_to_start", "start_to_body"}
+        for stage in stages.values():
+            assert 0 < stage["p50"]["median"] <= stage["p99"]["median"] < 5
+        assert w1[body]["lag_pooled"]["median"] > 0 and w1[body]["lag_plain"]["median"] > 0
     assert len(w1["no-op"]["reps"]["wal_bytes"]) == 1
     assert w1["no-op"]["wal_bytes"]["median"] > 500
 

@@ -129,3 +129,15 @@ def test_w1__release_lag_rows_beside_the_throughput():
     # Results written before the lag was recorded still render.
     del d["lag_pooled"], d["lag_plain"]
     assert not [r for r in report._rows({"W1": {"no-op": d}}) if "release" in r[1]]
+
+
+def test_w1__stage_rows_show_where_the_hand_off_goes():
+    d = {k: _summary(1.0) for k in ("pooled", "plain", "ratio", "submit_pooled", "submit_plain")}
+    d["stages"] = {
+        name: {"p50": _summary(0.002), "p99": _summary(0.009)}
+        for name in ("end_to_settle", "admitted_to_start", "start_to_body")
+    }
+    rows = {row[1]: row for row in report._rows({"W1": {"20 ms": d}})}
+    assert rows["20 ms: pooled admission -> start call p99"][2] == _summary(0.009)
+    assert rows["20 ms: pooled body end -> settle call p50"][3] == "ms"
+    assert len([r for r in rows if "call" in r]) == 6

@@ -32,6 +32,17 @@ def test_throughput__clock_runs_from_the_first_start_to_the_last_end():
     assert stats.start_lag([], 10.0) == 0.0
 
 
+def test_stages__split_each_task_by_its_entry_times():
+    spans = [{"i": 0, "s": 10.010, "e": 10.030}, {"i": 1, "s": 10.050, "e": 10.060}]
+    # (admitted, start call, settle call) of each entry; body 2 has no entry times.
+    times = {0: (10.000, 10.008, 10.032), 1: (10.032, 10.047, 10.061)}
+    got = stats.stages([*spans, {"i": 2, "s": 11.0, "e": 11.1}], times)
+    assert set(got) == set(stats.STAGES)
+    assert got["end_to_settle"] == pytest.approx([0.002, 0.001])
+    assert got["admitted_to_start"] == pytest.approx([0.008, 0.015])
+    assert got["start_to_body"] == pytest.approx([0.002, 0.003])
+
+
 def test_serial_gaps__one_gap_between_each_pair_in_start_order():
     spans = [
         {"i": 1, "s": 2.0, "e": 2.5},
