@@ -68,10 +68,10 @@ STAGE_LABELS = {
 }
 
 
-def _stage_rows(body: str, stages: dict[str, Any]) -> list[Row]:
+def _stage_rows(workload: str, prefix: str, stages: dict[str, Any]) -> list[Row]:
     """Where a pooled task's hand-off time goes (absent in older results)."""
     return [
-        ("W1", f"{body}: {STAGE_LABELS[name]} {q}", stages[name][q], "ms", "", None)
+        (workload, f"{prefix}{STAGE_LABELS[name]} {q}", stages[name][q], "ms", "", None)
         for name in STAGE_LABELS
         if name in stages
         for q in ("p50", "p99")
@@ -109,7 +109,7 @@ def _rows(r: dict[str, Any]) -> list[Row]:
             ),
             ("W1", f"{body}: plain submit (apply_async/s)", d["submit_plain"], "calls/s", "", None),
             *_lag_rows(body, d),
-            *_stage_rows(body, d.get("stages") or {}),
+            *_stage_rows("W1", f"{body}: ", d.get("stages") or {}),
             *_cpu_rows(body, d.get("cpu_ms_per_task") or {}),
             *_wal_rows(body, d.get("wal_bytes")),
         ]
@@ -132,6 +132,7 @@ def _rows(r: dict[str, Any]) -> list[Row]:
                         _at_most(w2[key][q], limit) if limit else None,
                     )
                 )
+        rows += _stage_rows("W2", "", w2.get("stages") or {})
     w3 = r.get("W3") or {}
     for depth, d in (w3.get("depths") or {}).items():
         rows.append(("W3", f"tasks/s with {int(depth):,} waiting", d, "tasks/s", "", None))

@@ -82,6 +82,17 @@ def stages(
     return out
 
 
+def stage_summary(runs: Sequence[Mapping[str, Sequence[float]]]) -> dict[str, dict[str, Any]]:
+    """p50 and p99 of each stage in each repetition, as median/min/max over the repetitions."""
+    if not runs:
+        return {}
+    per_rep = [{name: distribution(run[name]) for name in STAGES} for run in runs]
+    return {
+        name: {q: summary([rep[name][q] for rep in per_rep]) for q in ("p50", "p99")}
+        for name in STAGES
+    }
+
+
 def check_complete(spans: Sequence[Span], expected: Iterable[int]) -> None:
     """Raise unless every expected index reported exactly once."""
     want = sorted(expected)

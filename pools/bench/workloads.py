@@ -36,7 +36,7 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
         reps.update({"lag_pooled": [], "lag_plain": []})
         reps["wal_bytes"] = []
         cpu_reps: dict[str, list[dict[str, float]]] = {"plain": [], "pooled": []}
-        stage_reps: list[dict[str, dict[str, float]]] = []
+        stage_runs: list[dict[str, list[float]]] = []
         for rep in range(o.reps):
             tag = f"{rep + 1}/{o.reps}"
             plain = plain_run(
@@ -68,7 +68,7 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
             if pooled.wal_bytes is not None:
                 reps["wal_bytes"].append(pooled.wal_bytes)
             if pooled.stages:
-                stage_reps.append({k: stats.distribution(v) for k, v in pooled.stages.items()})
+                stage_runs.append(pooled.stages)
             for kind, run in (("plain", plain), ("pooled", pooled)):
                 if run.cpu_ms is not None:
                     cpu_reps[kind].append(run.cpu_ms)
@@ -77,11 +77,7 @@ def w1_throughput(ctx: Context) -> dict[str, Any]:
             "reps": reps,
             **{k: stats.summary(v) for k, v in reps.items() if k != "completed"},
             "cpu_ms_per_task": {kind: stats.median_by_key(runs) for kind, runs in cpu_reps.items()},
-            "stages": {
-                name: {q: stats.summary([r[name][q] for r in stage_reps]) for q in ("p50", "p99")}
-                for name in stats.STAGES
-                if stage_reps
-            },
+            "stages": stats.stage_summary(stage_runs),
         }
     return out
 
@@ -95,6 +91,7 @@ def w2_handoff(ctx: Context) -> dict[str, Any]:
     runs["floor_end_to_start"] = []
     samples: dict[str, list[float]] = {k: [] for k in runs}
     gaps_counted: list[int] = []
+    stage_runs: list[dict[str, list[float]]] = []
     peak = 0
     assert ctx.floor is not None
     for rep in range(o.reps):
@@ -126,6 +123,8 @@ def w2_handoff(ctx: Context) -> dict[str, Any]:
             runs[k].append(stats.distribution(values))
         samples_last = gaps
         gaps_counted.append(len(gaps["settle_to_start"]))
+        if pooled.stages:
+            stage_runs.append(pooled.stages)
         peak = max(peak, stats.max_concurrency(pooled.spans))
     for k in samples:
         samples[k] = samples_last[k]
@@ -133,6 +132,7 @@ def w2_handoff(ctx: Context) -> dict[str, Any]:
         "tasks": n,
         "gaps_per_rep": gaps_counted,
         "peak": peak,
+        "stages": stats.stage_summary(stage_runs),
         "reps": runs,
         **{
             k: {q: stats.summary([r[q] for r in v]) for q in ("p50", "p95", "p99")}

@@ -107,6 +107,7 @@ def test_bench_smoke__counts_every_task_and_cleans_up(tmp_path: Path, monkeypatc
         "floor_end_to_start": 11,
     }
     assert w2["peak"] == 1  # one slot: never two bodies at once
+    assert set(w2["stages"]) == {"end_to_settle", "admitted_to_start", "start_to_body"}
 
     w3 = result["W3"]
     assert w3["depths"]["20"]["waiting"] == [20]

@@ -43,6 +43,15 @@ def test_stages__split_each_task_by_its_entry_times():
     assert got["start_to_body"] == pytest.approx([0.002, 0.003])
 
 
+def test_stage_summary__p50_and_p99_of_each_repetition_summarised():
+    fast = {name: [0.001] * 99 + [0.010] for name in stats.STAGES}
+    slow = {name: [0.003] * 100 for name in stats.STAGES}
+    got = stats.stage_summary([fast, slow])
+    assert got["admitted_to_start"]["p50"] == {"median": 0.002, "min": 0.001, "max": 0.003}
+    assert got["admitted_to_start"]["p99"] == {"median": 0.002, "min": 0.001, "max": 0.003}
+    assert stats.stage_summary([]) == {}
+
+
 def test_serial_gaps__one_gap_between_each_pair_in_start_order():
     spans = [
         {"i": 1, "s": 2.0, "e": 2.5},
