@@ -36,6 +36,11 @@ def _w5(pools_back: list[float], lease: float = 30.0, ttl: float = 60.0) -> dict
     }
 
 
+def _w1_body() -> dict:
+    """The figures every W1 body kind has."""
+    return {k: _summary(1.0) for k in ("pooled", "plain", "ratio", "submit_pooled", "submit_plain")}
+
+
 def _target(results: dict, figure: str) -> dict:
     (row,) = [t for t in report.targets(results) if t["figure"] == figure]
     return row
@@ -120,7 +125,7 @@ def test_options__worker_args_are_passed_on_and_shown_quoted():
 
 
 def test_w1__release_lag_rows_beside_the_throughput():
-    d = {k: _summary(1.0) for k in ("pooled", "plain", "ratio", "submit_pooled", "submit_plain")}
+    d = _w1_body()
     d.update(lag_pooled=_summary(0.03), lag_plain=_summary(0.42))
     rows = {row[1]: row for row in report._rows({"W1": {"no-op": d}})}
     assert rows["no-op: first body after the release, pooled"][2] == _summary(0.03)
@@ -132,7 +137,7 @@ def test_w1__release_lag_rows_beside_the_throughput():
 
 
 def test_w1__stage_rows_show_where_the_hand_off_goes():
-    d = {k: _summary(1.0) for k in ("pooled", "plain", "ratio", "submit_pooled", "submit_plain")}
+    d = _w1_body()
     d["stages"] = {
         name: {"p50": _summary(0.002), "p99": _summary(0.009)}
         for name in ("end_to_settle", "admitted_to_start", "start_to_body")
