@@ -142,16 +142,13 @@ def copy_entries(
 def entry_times(keys: Mapping[int, str]) -> dict[int, tuple[float, float, float]]:
     """``(admitted_at, started_at, finished_at)`` of each settled entry, by body index."""
     index = {key: i for i, key in keys.items()}
-    rows = QueueEntry.objects.filter(
-        key__in=list(index),
-        admitted_at__isnull=False,
-        started_at__isnull=False,
-        finished_at__isnull=False,
-    ).values_list("key", "admitted_at", "started_at", "finished_at")
+    rows = QueueEntry.objects.filter(key__in=list(index)).values_list(
+        "key", "admitted_at", "started_at", "finished_at"
+    )
     return {
         index[key]: (admitted.timestamp(), started.timestamp(), finished.timestamp())
         for key, admitted, started, finished in rows.iterator()
-        if admitted and started and finished  # the filter's guarantee, for the type checker
+        if admitted and started and finished
     }
 
 

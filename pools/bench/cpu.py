@@ -81,7 +81,8 @@ def machine_share(before: list[int] | None) -> dict[str, float] | None:
 
 def snapshot(worker_pids: Iterable[int]) -> dict[str, float] | None:
     """Cumulative CPU seconds of each group now (None where ``/proc`` cannot be read)."""
-    if not (PROC / "stat").exists():
+    counters = machine_counters()
+    if counters is None:
         return None
     mains = {int(p) for p in worker_pids}
     ticks = dict.fromkeys(GROUPS, 0)
@@ -98,9 +99,6 @@ def snapshot(worker_pids: Iterable[int]) -> dict[str, float] | None:
             ticks["pool processes"] += used
         elif name in _SERVERS:
             ticks[_SERVERS[name]] += used
-    counters = machine_counters()
-    if counters is None:
-        return None
     ticks["machine"] = _busy(counters)
     hz = _ticks_per_second()
     return {group: value / hz for group, value in ticks.items()}

@@ -25,16 +25,28 @@ def _body(sleep: float) -> str:
     return "no-op" if sleep == 0 else f"{sleep * 1000:.0f} ms"
 
 
+#: What W1 records per repetition.
+W1_FIGURES = (
+    "pooled",
+    "plain",
+    "ratio",
+    "submit_pooled",
+    "submit_plain",
+    "peak",
+    "completed",
+    "lag_pooled",
+    "lag_plain",
+    "wal_bytes",
+)
+
+
 def w1_throughput(ctx: Context) -> dict[str, Any]:
     """Pooled vs plain tasks/s with a backlog, no-op and 20 ms bodies; the ratio."""
     o = ctx.options
     out: dict[str, Any] = {"slots": o.total_concurrency}
     for sleep, count in ((0.0, o.tasks), (SLOW, o.slow_tasks)):
         body = _body(sleep)
-        reps: dict[str, list[float]] = {k: [] for k in ("pooled", "plain", "ratio")}
-        reps.update({"submit_pooled": [], "submit_plain": [], "peak": [], "completed": []})
-        reps.update({"lag_pooled": [], "lag_plain": []})
-        reps["wal_bytes"] = []
+        reps: dict[str, list[float]] = {k: [] for k in W1_FIGURES}
         cpu_reps: dict[str, list[dict[str, float]]] = {"plain": [], "pooled": []}
         stage_runs: list[dict[str, list[float]]] = []
         for rep in range(o.reps):
