@@ -18,6 +18,8 @@ class PoolConfigurationError(PoolError, ImproperlyConfigured):
     """A pool definition, a decorator argument or ``settings.POOLS`` is invalid."""
 
     code = "pool_configuration"
+    #: The one field at fault, when there is one (the REST API answers 400 naming it).
+    field: str | None = None
 
 
 class UnknownPool(PoolError, LookupError):
@@ -41,6 +43,19 @@ class EntryNotFound(PoolError, LookupError):
     def __init__(self, key: str) -> None:
         self.key = key
         super().__init__(f"No queue entry with key {key!r}.")
+
+
+class JobNotFound(PoolError, LookupError):
+    """No periodic task (django-celery-beat ``PeriodicTask``) has the given name."""
+
+    code = "job_not_found"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"No periodic task named {name!r}. Create it in the admin (Periodic tasks) or check "
+            f"the name: it is the PeriodicTask's name, not the task's dotted path."
+        )
 
 
 class PoolRefused(PoolError):
@@ -86,6 +101,33 @@ class NotCancellable(PoolRefused):
     """The entry is already running or finished and cannot be cancelled that way."""
 
     code = "not_cancellable"
+
+
+class PoolInUse(PoolRefused):
+    """A pool cannot be deleted while entries wait for it or hold its slots."""
+
+    code = "pool_in_use"
+
+    def __init__(self, pool: str, active: int) -> None:
+        self.pool = pool
+        self.active = active
+        super().__init__(
+            f"Pool {pool!r} still has {active} unfinished entr{'y' if active == 1 else 'ies'} "
+            f"(waiting or holding slots). Cancel them or let them finish, then delete the pool."
+        )
+
+
+class PoolDefinedInSettings(PoolRefused):
+    """A pool declared in ``POOLS['DEFINITIONS']`` cannot be deleted outside settings."""
+
+    code = "pool_defined_in_settings"
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        super().__init__(
+            f"Pool {pool!r} is defined in settings.POOLS['DEFINITIONS']: remove it there "
+            f"(and deploy) instead; 'pools sync' would create it again."
+        )
 
 
 class PoolUnavailable(PoolError):

@@ -1,12 +1,43 @@
-"""Read-only, point-in-time views of pools for the CLI, admin, REST API and demo."""
+"""Read-only, point-in-time views of pools for the CLI, admin, REST API and demo.
+
+Every function reads with a fixed number of queries, whatever the depth of the lines
+(the REST list endpoints and the admin card poll them):
+
+- :func:`snapshot_all`: 5 queries for any number of pools (+1 when a head entry names a
+  pool outside the set); :func:`snapshot`: the same for one pool;
+- :func:`entries_page`: at most 7 queries per page.
+
+The heads of the lines are read with one correlated subquery per head place, each a short
+range of the ``pools_demand_line`` index; counts per state are one grouped count over the
+pools' unfinished demand rows; ``recent`` terminal entries and the hold times of the ETA
+come from one query over what finished within :data:`pools.explain.HOLD_WINDOW`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
 
+from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from pools import explain
 from pools.exceptions import UnknownPool
-from pools.models import Demand, Pool
+from pools.explain import PoolView
+from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+
+#: Demand states of unfinished entries, counted per pool (``delayed``: not due yet).
+ACTIVE_STATES = ("waiting", "delayed", "admitted", "running")
+#: States always present in ``counts`` (0 when none).
+COUNTED_STATES = ("waiting", "admitted", "running")
+#: Largest page of :func:`entries_page`.
+MAX_PAGE = 500
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +56,23 @@ class LineItem:
     deadline: datetime | None
     lease_expires_at: datetime | None
     worker: str
+    not_before: datetime | None = None
+    admitted_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    #: Why a terminal entry ended (``queue_timeout``, ``revoked``, ...).
+    reason: str = ""
+    origin: str = ""
+    attempt: int = 0
+    root_id: str = ""
+    #: Every pool the entry asks for, ``{name: slots}``.
+    demand: dict[str, int] = field(default_factory=dict)
+    #: Waiting entries: one of :data:`pools.explain.BLOCKERS`, or ``None`` if admissible.
+    blocked_by: str | None = None
+    #: Waiting entries: the human sentence of :mod:`pools.explain`.
+    message: str = ""
+    #: Waiting entries: estimated admission time (``None`` when unknown).
+    eta: datetime | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,15 +87,34 @@ class PoolSnapshot:
     max_queued: int | None
     holders: list[LineItem]
     head: list[LineItem]
+    #: Slots in effect for admission (equal to ``slots`` for now).
+    capacity: int = 0
+    #: Unfinished entries per demand state (``waiting``, ``admitted``, ``running``, ...).
+    counts: dict[str, int] = field(default_factory=dict)
+    #: The latest terminal entries (finished within the hold window), newest first.
+    recent: list[LineItem] = field(default_factory=list)
+    description: str = ""
+    defined_in_settings: bool = False
+    #: Mean hold time of recent entries (the ETA's basis); ``None`` without history.
+    mean_hold: timedelta | None = None
 
     @property
     def free(self) -> int:
         """Slots not held (never negative)."""
-        return max(self.slots - self.held, 0)
+        return max((self.capacity or self.slots) - self.held, 0)
+
+    @property
+    def running(self) -> list[LineItem]:
+        """The holders (admitted or running entries)."""
+        return self.holders
 
 
-def _item(d: Demand, position: int | None) -> LineItem:
-    e = d.entry
+# --------------------------------------------------------------------------- items
+
+
+def item(d: Demand, position: int | None = None, **extra: Any) -> LineItem:
+    """A :class:`LineItem` from a demand row with its entry loaded."""
+    e: QueueEntry = d.entry
     return LineItem(
         queue_id=e.queue_id,
         key=e.key,
@@ -60,34 +127,347 @@ def _item(d: Demand, position: int | None) -> LineItem:
         deadline=e.deadline,
         lease_expires_at=e.lease_expires_at,
         worker=e.worker,
+        not_before=e.not_before,
+        admitted_at=e.admitted_at,
+        started_at=e.started_at,
+        finished_at=e.finished_at,
+        reason=e.reason,
+        origin=e.origin,
+        attempt=e.attempt,
+        root_id=e.root_id,
+        demand=dict(e.demand),
+        **extra,
     )
 
 
-def snapshot(name: str, *, head: int = 10) -> PoolSnapshot:
-    """Snapshot pool ``name`` with the first ``head`` waiting entries."""
+#: Entry columns never needed by a view (the held message can be large).
+_HEAVY = ("entry__args", "entry__kwargs", "entry__options")
+
+
+def _rows(qs: QuerySet[Any]) -> QuerySet[Any]:
+    return qs.select_related("entry").defer(*_HEAVY)
+
+
+# --------------------------------------------------------------------------- bulk reads
+
+
+def _head_names(n: int) -> list[str]:
+    return [f"_head{i}" for i in range(n)]
+
+
+def _with_heads(qs: QuerySet[Pool], n: int) -> QuerySet[Pool]:
+    """Annotate each pool with the demand row ids of its first ``n`` line places."""
+    annotations: dict[str, Any] = {
+        name: Subquery(
+            Demand.objects.filter(pool_id=OuterRef("pk"), state=EntryState.WAITING)
+            .order_by("-priority", "enqueued_at", "entry_id")
+            .values("pk")[i : i + 1]
+        )
+        for i, name in enumerate(_head_names(n))
+    }
+    return qs.annotate(**annotations) if annotations else qs
+
+
+def _counts(pool_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    out: dict[int, dict[str, int]] = {pid: dict.fromkeys(COUNTED_STATES, 0) for pid in pool_ids}
+    rows = (
+        Demand.objects.filter(pool_id__in=list(pool_ids), state__in=ACTIVE_STATES)
+        .values_list("pool_id", "state")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for pool_id, state, n in rows:
+        out[pool_id][state] = n
+    return out
+
+
+def _history(
+    pool_ids: Sequence[int], now: datetime, recent: int
+) -> tuple[dict[int, list[LineItem]], dict[int, list[timedelta]]]:
+    """Recent terminal items and hold times per pool, from one query."""
+    per_pool = max(recent, explain.HOLD_SAMPLE)
+    rows = _rows(
+        Demand.objects.filter(
+            pool_id__in=list(pool_ids),
+            state__in=TERMINAL_STATES,
+            entry__finished_at__gte=now - explain.HOLD_WINDOW,
+        )
+    ).order_by("-entry__finished_at", "-entry_id")[: per_pool * len(pool_ids)]
+    items: dict[int, list[LineItem]] = {pid: [] for pid in pool_ids}
+    holds: dict[int, list[timedelta]] = {pid: [] for pid in pool_ids}
+    for d in rows:
+        if len(items[d.pool_id]) < recent:
+            items[d.pool_id].append(item(d))
+        e = d.entry
+        sample = holds[d.pool_id]
+        if e.admitted_at and e.finished_at and len(sample) < explain.HOLD_SAMPLE:
+            if e.finished_at >= e.admitted_at:
+                sample.append(e.finished_at - e.admitted_at)
+    return items, holds
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Gate:
+    """What decides whether a multi-pool entry is admissible in one other pool."""
+
+    name: str
+    paused: bool
+    free: int
+    first: int | None  # entry id of the line's head
+
+
+def _other_gates(names: Iterable[str], known: dict[str, _Gate]) -> dict[str, _Gate]:
+    """Gates of the pools in ``names`` not in ``known`` (one query when any is missing)."""
+    missing = sorted(set(names) - set(known))
+    if not missing:
+        return known
+    held = (
+        Demand.objects.filter(pool_id=OuterRef("pk"), state__in=HELD_STATES)
+        .order_by()
+        .values("pool_id")
+        .annotate(n=Sum("slots"))
+        .values("n")
+    )
+    first = (
+        Demand.objects.filter(pool_id=OuterRef("pk"), state=EntryState.WAITING)
+        .order_by("-priority", "enqueued_at", "entry_id")
+        .values("entry_id")[:1]
+    )
+    out = dict(known)
+    for p in Pool.objects.filter(name__in=missing).annotate(
+        _held=Coalesce(Subquery(held, output_field=IntegerField()), 0), _first=Subquery(first)
+    ):
+        out[p.name] = _Gate(
+            name=p.name,
+            paused=p.paused,
+            free=max(explain.capacity(p) - p._held, 0),  # type: ignore[attr-defined]
+            first=p._first,  # type: ignore[attr-defined]
+        )
+    return out
+
+
+def _blocked_elsewhere(e: QueueEntry, here: str, gates: dict[str, _Gate]) -> tuple[str, str] | None:
+    """The first other pool (by name) where ``e`` is not admissible, and why."""
+    for name, slots in sorted(e.demand.items()):
+        if name == here or name not in gates:
+            continue
+        g = gates[name]
+        if g.paused:
+            return name, "paused"
+        if g.first != e.queue_id:
+            return name, "pool_full" if g.free == 0 else "head_of_line"
+        if g.free < slots:
+            return name, "pool_full"
+    return None
+
+
+def _explained(
+    view: PoolView,
+    rows: Sequence[tuple[Demand, int]],
+    first: Demand | None,
+    gates: dict[str, _Gate],
+    now: datetime,
+) -> list[LineItem]:
+    """Line items of waiting rows (with their positions) and why each one waits."""
+    out = []
+    for d, position in rows:
+        e = d.entry
+        place = explain.decide(view, e, d.slots, position, first if position > 1 else None, now)
+        if place.blocked_by is None and len(e.demand) > 1:
+            other = _blocked_elsewhere(e, view.pool.name, gates)
+            if other is not None:
+                place = replace(
+                    place,
+                    blocked_by="other_pool",
+                    message=f"Admissible in pool {view.pool.name!r}, but it also waits for pool "
+                    f"{other[0]!r} ({other[1]}); it takes both at once.",
+                    eta=None,
+                )
+        out.append(
+            item(d, position, blocked_by=place.blocked_by, message=place.message, eta=place.eta)
+        )
+    return out
+
+
+def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> list[PoolSnapshot]:
+    """Snapshots of ``pools`` (annotated by :func:`_with_heads`) in four more queries."""
+    if not pools:
+        return []
+    ids = [p.pk for p in pools]
+    counts = _counts(ids)
+    holders = explain.held_rows(ids)
+    recent_items, holds = _history(ids, now, recent)
+    head_ids = {
+        getattr(p, name): p.pk for p in pools for name in _head_names(head) if getattr(p, name)
+    }
+    head_rows = {d.pk: d for d in _rows(Demand.objects.filter(pk__in=list(head_ids)))}
+    views = {p.pk: PoolView(pool=p, holders=holders[p.pk], holds=holds[p.pk]) for p in pools}
+    gates = {
+        p.name: _Gate(
+            name=p.name,
+            paused=p.paused,
+            free=views[p.pk].free,
+            first=head_rows[h].entry_id if (h := getattr(p, "_head0", None)) else None,
+        )
+        for p in pools
+        if head
+    }
+    lines = {
+        p.pk: [head_rows[i] for n in _head_names(head) if (i := getattr(p, n)) in head_rows]
+        for p in pools
+    }
+    multi = {name for rows in lines.values() for d in rows for name in d.entry.demand}
+    if any(len(d.entry.demand) > 1 for rows in lines.values() for d in rows):
+        gates = _other_gates(multi, gates)
+    out = []
+    for p in pools:
+        view = views[p.pk]
+        line = lines[p.pk]
+        out.append(
+            PoolSnapshot(
+                name=p.name,
+                slots=p.slots,
+                capacity=explain.capacity(p),
+                held=view.held,
+                waiting=counts[p.pk]["waiting"],
+                counts=counts[p.pk],
+                paused=p.paused,
+                max_queued=p.max_queued,
+                description=p.description,
+                defined_in_settings=p.defined_in_settings,
+                holders=[item(d) for d in view.holders],
+                head=_explained(
+                    view,
+                    [(d, i + 1) for i, d in enumerate(line)],
+                    line[0] if line else None,
+                    gates,
+                    now,
+                ),
+                recent=recent_items[p.pk],
+                mean_hold=explain.mean_hold(holds[p.pk]),
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- public views
+
+
+def snapshot(name: str, *, head: int = 10, recent: int = 10) -> PoolSnapshot:
+    """Snapshot pool ``name`` with the first ``head`` waiting entries; 5 queries."""
+    pool = _with_heads(Pool.objects.filter(name=name), head).first()
+    if pool is None:
+        raise UnknownPool(name)
+    return _build_many([pool], head, recent, timezone.now())[0]
+
+
+def snapshot_all(*, head: int = 5, recent: int = 5) -> list[PoolSnapshot]:
+    """Snapshots of every pool, by name; 5 queries whatever the number of pools and entries."""
+    pools = list(_with_heads(Pool.objects.order_by("name"), head))
+    return _build_many(pools, head, recent, timezone.now())
+
+
+# --------------------------------------------------------------------------- paging
+
+
+class InvalidCursor(ValueError):
+    """A paging cursor that was not produced by :func:`entries_page` for this line."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Page:
+    """One page of a pool's entries in one state."""
+
+    items: list[LineItem]
+    #: Opaque cursor of the next page; ``None`` on the last page.
+    next_cursor: str | None
+
+
+#: Demand states a page can list (``delayed``: not due yet, when the engine has it).
+PAGE_STATES = (*(s.value for s in EntryState), "delayed")
+
+
+def _encode(values: list[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(values).encode()).decode().rstrip("=")
+
+
+def _decode(cursor: str, state: str) -> list[Any]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        values = json.loads(raw)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidCursor(f"Invalid cursor {cursor!r}: use the next cursor of a page.") from exc
+    if not isinstance(values, list) or not values or values[0] != state:
+        raise InvalidCursor(f"Cursor {cursor!r} is not for state {state!r}.")
+    return values[1:]
+
+
+def entries_page(
+    name: str, *, state: str = "waiting", cursor: str | None = None, limit: int = 50
+) -> Page:
+    """One page of pool ``name``'s entries in ``state``; at most 7 queries.
+
+    Waiting entries come in line order with their positions and why each waits; other
+    states in queue-id order. Pass ``next_cursor`` back as ``cursor`` for the next page.
+    Raises :class:`UnknownPool`, or :class:`InvalidCursor` (also for an unknown state).
+    """
+    if state not in PAGE_STATES:
+        raise InvalidCursor(f"Unknown state {state!r}; use one of {', '.join(PAGE_STATES)}.")
+    limit = max(1, min(int(limit), MAX_PAGE))
     pool = Pool.objects.filter(name=name).first()
     if pool is None:
         raise UnknownPool(name)
-    return _build(pool, head)
-
-
-def snapshot_all(*, head: int = 5) -> list[PoolSnapshot]:
-    """Snapshots of every pool, by name."""
-    return [_build(p, head) for p in Pool.objects.order_by("name")]
-
-
-def _build(pool: Pool, head: int) -> PoolSnapshot:
-    holders = list(
-        Demand.objects.held().filter(pool=pool).select_related("entry").order_by("entry_id")
-    )
-    line = list(Demand.objects.line(pool.pk).select_related("entry")[:head])
-    return PoolSnapshot(
-        name=pool.name,
-        slots=pool.slots,
-        held=sum(d.slots for d in holders),
-        waiting=Demand.objects.waiting().filter(pool=pool).count(),
-        paused=pool.paused,
-        max_queued=pool.max_queued,
-        holders=[_item(d, None) for d in holders],
-        head=[_item(d, i + 1) for i, d in enumerate(line)],
-    )
+    after = _decode(cursor, state) if cursor else None
+    now = timezone.now()
+    base = Demand.objects.filter(pool_id=pool.pk, state=state)
+    if state == EntryState.WAITING:
+        qs = base.order_by("-priority", "enqueued_at", "entry_id")
+        if after:
+            try:
+                p, t, i = int(after[0]), datetime.fromisoformat(after[1]), int(after[2])
+            except (ValueError, TypeError, IndexError) as exc:
+                raise InvalidCursor(f"Invalid cursor {cursor!r}.") from exc
+            qs = qs.filter(
+                Q(priority__lt=p)
+                | Q(priority=p, enqueued_at__gt=t)
+                | Q(priority=p, enqueued_at=t, entry_id__gt=i)
+            )
+        rows = list(_rows(qs)[: limit + 1])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        first = rows[0] if rows and not after else _rows(Demand.objects.line(pool.pk)).first()
+        start = explain.position_of(rows[0]) if rows and after else 1
+        view = PoolView(
+            pool=pool,
+            holders=explain.held_rows([pool.pk])[pool.pk],
+            holds=explain.hold_times([pool.pk], now).get(pool.pk, ()),
+        )
+        gates = {
+            pool.name: _Gate(
+                name=pool.name,
+                paused=pool.paused,
+                free=view.free,
+                first=first.entry_id if first else None,
+            )
+        }
+        if any(len(d.entry.demand) > 1 for d in rows):
+            gates = _other_gates({n for d in rows for n in d.entry.demand}, gates)
+        items = _explained(view, [(d, start + i) for i, d in enumerate(rows)], first, gates, now)
+        last = rows[-1] if rows else None
+        next_cursor = (
+            _encode([state, last.priority, last.enqueued_at.isoformat(), last.entry_id])
+            if more and last
+            else None
+        )
+        return Page(items=items, next_cursor=next_cursor)
+    qs = base.order_by("entry_id")
+    if after:
+        try:
+            qs = qs.filter(entry_id__gt=int(after[0]))
+        except (ValueError, TypeError) as exc:
+            raise InvalidCursor(f"Invalid cursor {cursor!r}.") from exc
+    rows = list(_rows(qs)[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = _encode([state, rows[-1].entry_id]) if more and rows else None
+    return Page(items=[item(d) for d in rows], next_cursor=next_cursor)

@@ -1,0 +1,452 @@
+"""Why is it waiting: an entry's place in each pool it asks for, what blocks it, and an ETA.
+
+Read-only, no locks: the answer is a point-in-time view that may be stale by the time it
+is shown (an entry may be admitted a millisecond later).
+
+**Position** is the 1-based place of an entry in a pool's line, the pool's demand rows in
+state ``waiting`` in admission order ``(-priority, enqueued_at, entry)``. It is counted
+(``COUNT`` of the rows ahead, a range of the ``pools_demand_line`` index), never by loading
+the line. An entry whose ``not_before`` is still in the future is not in line: no position.
+
+**blocked_by** is one of a closed set (:data:`BLOCKERS`), decided per pool in this order:
+
+1. ``not_before``: the entry is not due yet (``detail["until"]``);
+2. ``paused``: the pool is paused;
+3. ``pool_full``: the pool has no free slot for the first entries of its line
+   (``detail["holders"]``: who holds the slots);
+4. ``head_of_line``: an entry ahead (``detail["ahead"]``, the head of the line) needs more
+   slots than are free, or waits for something else, and nothing passes it (no backfill);
+5. ``other_pool``: admissible in this pool, but waiting for another pool it also names
+   (``detail["pool"]``);
+6. ``worker_unavailable``: reserved for node affinity (not produced yet).
+
+``None`` means not blocked: admissible now (the next admission pass takes it), or not
+waiting at all (held or finished).
+
+**ETA** (:func:`estimate_eta`): ``now + mean_hold * ceil(position / capacity)``, where
+``mean_hold`` is the mean time from admission to finish of the pool's last
+:data:`HOLD_SAMPLE` entries that finished within :data:`HOLD_WINDOW`. Each "wave" of
+``capacity`` entries ahead is assumed to hold the pool for one mean hold. ``None`` when the
+pool has no such history or is paused; the due time for a delayed entry (at the earliest);
+``now`` when nothing blocks it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from pools.exceptions import EntryNotFound
+from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+
+#: The closed set of ``blocked_by`` values.
+BLOCKERS = (
+    "pool_full",
+    "head_of_line",
+    "paused",
+    "not_before",
+    "other_pool",
+    "worker_unavailable",
+)
+#: How many recent holds the ETA averages over, per pool.
+HOLD_SAMPLE = 50
+#: Only holds that finished this recently count for the ETA.
+HOLD_WINDOW = timedelta(hours=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolPlace:
+    """One pool an entry asks for, and where the entry stands in it."""
+
+    #: Pool name.
+    pool: str
+    #: Slots the entry asks of this pool.
+    slots: int
+    #: 1-based place in the pool's line; ``None`` when not in line (delayed, held, finished).
+    position: int | None
+    #: One of :data:`BLOCKERS`; ``None`` when admissible now or not waiting.
+    blocked_by: str | None
+    #: One human sentence.
+    message: str
+    #: Machine-readable detail: ``holders``, ``ahead``, ``until``, ``pool``, ``free``, ...
+    detail: dict[str, Any] = field(default_factory=dict)
+    #: Estimated admission time (see the module docstring); ``None`` when unknown.
+    eta: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Explanation:
+    """An entry and its place in each pool it asks for (by pool name)."""
+
+    entry: QueueEntry
+    places: list[PoolPlace]
+
+    @property
+    def eta(self) -> datetime | None:
+        """When the entry may be admitted: the latest ETA over its pools (``None`` if any is)."""
+        if self.entry.state != EntryState.WAITING or not self.places:
+            return None
+        etas = [p.eta for p in self.places]
+        if any(e is None for e in etas):
+            return None
+        return max(e for e in etas if e is not None)
+
+    @property
+    def blocked_by(self) -> str | None:
+        """The first blocker over the entry's pools (by pool name), ``None`` if none."""
+        return next((p.blocked_by for p in self.places if p.blocked_by), None)
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def capacity(pool: Pool) -> int:
+    """Slots in effect for admission (equal to the configured ``slots`` for now)."""
+    return pool.slots
+
+
+def label(queue_id: int) -> str:
+    """How an entry is named in messages."""
+    return f"#{queue_id}"
+
+
+def _ahead_q(priority: int, enqueued_at: datetime, entry_id: int) -> Q:
+    """Line rows strictly ahead of a row with these ordering columns (admission order)."""
+    return (
+        Q(priority__gt=priority)
+        | Q(priority=priority, enqueued_at__lt=enqueued_at)
+        | Q(priority=priority, enqueued_at=enqueued_at, entry_id__lt=entry_id)
+    )
+
+
+def line_order(d: Demand) -> tuple[int, datetime, int]:
+    """Sort key of a demand row in admission order."""
+    return (-d.priority, d.enqueued_at, d.entry_id)
+
+
+def _fmt(when: datetime) -> str:
+    return timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+# --------------------------------------------------------------------------- positions
+
+
+def position_of(d: Demand) -> int:
+    """1-based place of a waiting demand row in its pool's line (one ``COUNT`` query)."""
+    ahead = (
+        Demand.objects.line(d.pool_id)
+        .filter(_ahead_q(d.priority, d.enqueued_at, d.entry_id))
+        .order_by()
+        .count()
+    )
+    return ahead + 1
+
+
+def positions(pool: Pool, entries: Iterable[QueueEntry | int]) -> dict[int, int]:
+    """Places in ``pool``'s line of the given entries (queue id → position), in two queries.
+
+    Entries not in the line are left out. One query reads their demand rows, one counts
+    the rows ahead of each of them (conditional counts over the rows ahead of the last).
+    """
+    ids = [e if isinstance(e, int) else e.queue_id for e in entries]
+    if not ids:
+        return {}
+    rows = sorted(Demand.objects.line(pool.pk).filter(entry_id__in=ids).order_by(), key=line_order)
+    if not rows:
+        return {}
+    last = rows[-1]
+    counts = (
+        Demand.objects.line(pool.pk)
+        .filter(_ahead_q(last.priority, last.enqueued_at, last.entry_id))
+        .order_by()
+        .aggregate(
+            **{
+                f"p{i}": Count("pk", filter=_ahead_q(d.priority, d.enqueued_at, d.entry_id))
+                for i, d in enumerate(rows)
+            }
+        )
+    )
+    return {d.entry_id: int(counts[f"p{i}"] or 0) + 1 for i, d in enumerate(rows)}
+
+
+# --------------------------------------------------------------------------- ETA
+
+
+def hold_times(pool_ids: Sequence[int], now: datetime) -> dict[int, list[timedelta]]:
+    """Recent hold times (admitted → finished) per pool, newest first, in one query.
+
+    At most :data:`HOLD_SAMPLE` per pool, from holds that finished within :data:`HOLD_WINDOW`.
+    """
+    if not pool_ids:
+        return {}
+    rows = (
+        Demand.objects.filter(
+            pool_id__in=list(pool_ids),
+            state__in=TERMINAL_STATES,
+            entry__finished_at__gte=now - HOLD_WINDOW,
+            entry__admitted_at__isnull=False,
+        )
+        .order_by("-entry__finished_at")
+        .values_list("pool_id", "entry__admitted_at", "entry__finished_at")[
+            : HOLD_SAMPLE * len(pool_ids)
+        ]
+    )
+    out: dict[int, list[timedelta]] = {}
+    for pool_id, admitted_at, finished_at in rows:
+        sample = out.setdefault(pool_id, [])
+        if len(sample) < HOLD_SAMPLE and finished_at and admitted_at and finished_at >= admitted_at:
+            sample.append(finished_at - admitted_at)
+    return out
+
+
+def mean_hold(sample: Sequence[timedelta]) -> timedelta | None:
+    """Mean of a sample of hold times; ``None`` for an empty sample."""
+    if not sample:
+        return None
+    return sum(sample, timedelta()) / len(sample)
+
+
+def eta_from(
+    hold: timedelta | None, cap: int, position: int | None, now: datetime
+) -> datetime | None:
+    """``now + hold * ceil(position / cap)``; ``None`` without a mean hold or a position."""
+    if hold is None or position is None or cap <= 0:
+        return None
+    return now + hold * math.ceil(position / cap)
+
+
+def estimate_eta(pool: Pool, position: int | None, now: datetime) -> datetime | None:
+    """Estimated admission time of the entry at ``position`` in ``pool`` (one query)."""
+    if position is None:
+        return None
+    sample = hold_times([pool.pk], now).get(pool.pk, [])
+    return eta_from(mean_hold(sample), capacity(pool), position, now)
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolView:
+    """What the decision needs to know of one pool (read by the caller, in bulk or not)."""
+
+    pool: Pool
+    #: Held demand rows of the pool, each with its entry loaded.
+    holders: Sequence[Demand]
+    #: Recent hold times (newest first), for the ETA.
+    holds: Sequence[timedelta] = ()
+
+    @property
+    def held(self) -> int:
+        """Slots held."""
+        return sum(d.slots for d in self.holders)
+
+    @property
+    def free(self) -> int:
+        """Slots free for admission (never negative)."""
+        return max(capacity(self.pool) - self.held, 0)
+
+
+def decide(
+    view: PoolView,
+    entry: QueueEntry,
+    slots: int,
+    position: int | None,
+    head: Demand | None,
+    now: datetime,
+) -> PoolPlace:
+    """The place of a *waiting* entry in one pool (``other_pool`` is settled by the caller).
+
+    ``head`` is the first row of the pool's line (its entry loaded) when ``position > 1``.
+    """
+    pool = view.pool
+    name = pool.name
+    cap = capacity(pool)
+    if entry.not_before is not None and (entry.not_before > now or position is None):
+        until = entry.not_before
+        return PoolPlace(
+            pool=name,
+            slots=slots,
+            position=None,
+            blocked_by="not_before",
+            message=(
+                f"Not due before {_fmt(until)}: it joins the line of pool {name!r} then."
+                if until > now
+                else f"Due since {_fmt(until)}: it joins the line of pool {name!r} "
+                f"at the next admission pass."
+            ),
+            detail={"until": until.isoformat()},
+            eta=max(until, now),
+        )
+    eta = eta_from(mean_hold(view.holds), cap, position, now)
+    holders = [label(d.entry_id) for d in view.holders]
+    holder_keys = [{"queue_id": d.entry_id, "key": d.entry.key} for d in view.holders]
+    ahead = (position or 1) - 1
+    behind = f" {ahead} entr{'y' if ahead == 1 else 'ies'} ahead." if ahead else ""
+    if pool.paused:
+        return PoolPlace(
+            pool=name,
+            slots=slots,
+            position=position,
+            blocked_by="paused",
+            message=f"Pool {name!r} is paused: nothing is admitted until it is resumed.{behind}",
+            detail={"ahead": ahead},
+            eta=None,
+        )
+    first_slots = slots if head is None or position == 1 else head.slots
+    if view.free == 0 or ((head is None or position == 1) and view.free < first_slots):
+        return PoolPlace(
+            pool=name,
+            slots=slots,
+            position=position,
+            blocked_by="pool_full",
+            message=(
+                f"Pool {name!r} is full: {view.held} of {cap} slot(s) held"
+                f"{' by ' + ', '.join(holders) if holders else ''}"
+                f"{f'; it needs {slots}' if view.free else ''}.{behind}"
+            ),
+            detail={"holders": holder_keys, "free": view.free, "ahead": ahead},
+            eta=eta,
+        )
+    if head is not None and position is not None and position > 1:
+        head_label = label(head.entry_id)
+        if view.free < head.slots:
+            why = f"needs {head.slots} slot(s) and only {view.free} of {cap} are free"
+        else:
+            why = "is waiting for its turn (or for another pool it names)"
+        return PoolPlace(
+            pool=name,
+            slots=slots,
+            position=position,
+            blocked_by="head_of_line",
+            message=(
+                f"Behind {head_label} in pool {name!r}, first in line, which {why}; "
+                f"nothing passes it.{behind}"
+            ),
+            detail={
+                "ahead": {"queue_id": head.entry_id, "key": head.entry.key, "slots": head.slots},
+                "free": view.free,
+                "holders": holder_keys,
+            },
+            eta=eta,
+        )
+    return PoolPlace(
+        pool=name,
+        slots=slots,
+        position=position,
+        blocked_by=None,
+        message=f"First in line of pool {name!r} with {view.free} slot(s) free: "
+        f"admitted at the next admission pass.",
+        detail={"free": view.free},
+        eta=now,
+    )
+
+
+def settle_other_pools(places: list[PoolPlace]) -> list[PoolPlace]:
+    """A pool that would admit the entry, while another pool it names blocks it: ``other_pool``."""
+    blocking = next((p for p in places if p.blocked_by is not None), None)
+    if blocking is None:
+        return places
+    out = []
+    for p in places:
+        if p.blocked_by is None:
+            p = PoolPlace(
+                pool=p.pool,
+                slots=p.slots,
+                position=p.position,
+                blocked_by="other_pool",
+                message=f"Admissible in pool {p.pool!r}, but it also waits for pool "
+                f"{blocking.pool!r} ({blocking.blocked_by}); it takes both at once.",
+                detail={"pool": blocking.pool, "reason": blocking.blocked_by},
+                eta=blocking.eta,
+            )
+        out.append(p)
+    return out
+
+
+def _not_waiting(entry: QueueEntry, d: Demand) -> PoolPlace:
+    name = d.pool.name
+    if entry.state == EntryState.ADMITTED:
+        lease = f" (lease until {_fmt(entry.lease_expires_at)})" if entry.lease_expires_at else ""
+        message = f"Admitted: holds {d.slots} slot(s) of pool {name!r}{lease}, not started yet."
+    elif entry.state == EntryState.RUNNING:
+        message = (
+            f"Running on {entry.worker or 'a worker'}: holds {d.slots} slot(s) of pool {name!r}."
+        )
+    else:
+        reason = f" ({entry.reason})" if entry.reason else ""
+        message = f"Finished: {entry.state}{reason}."
+    return PoolPlace(
+        pool=name, slots=d.slots, position=None, blocked_by=None, message=message, eta=None
+    )
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def held_rows(pool_ids: Sequence[int]) -> dict[int, list[Demand]]:
+    """Held demand rows per pool, entries loaded, in one query."""
+    out: dict[int, list[Demand]] = {pid: [] for pid in pool_ids}
+    rows = (
+        Demand.objects.filter(pool_id__in=list(pool_ids), state__in=HELD_STATES)
+        .select_related("entry")
+        .order_by("entry_id")
+    )
+    for d in rows:
+        out[d.pool_id].append(d)
+    return out
+
+
+def explain(entry: QueueEntry, *, now: datetime | None = None) -> Explanation:
+    """Where ``entry`` stands in each pool it asks for, and why it waits.
+
+    Queries: three, plus up to two per pool for a waiting entry (position and head).
+    """
+    now = now or timezone.now()
+    demands = list(
+        Demand.objects.filter(entry_id=entry.pk).select_related("pool").order_by("pool__name")
+    )
+    if entry.state != EntryState.WAITING:
+        return Explanation(entry=entry, places=[_not_waiting(entry, d) for d in demands])
+    pool_ids = [d.pool_id for d in demands]
+    holders = held_rows(pool_ids)
+    holds = hold_times(pool_ids, now)
+    places = []
+    for d in demands:
+        view = PoolView(pool=d.pool, holders=holders[d.pool_id], holds=holds.get(d.pool_id, ()))
+        in_line = d.state == EntryState.WAITING and not (
+            entry.not_before is not None and entry.not_before > now
+        )
+        position = position_of(d) if in_line else None
+        head = None
+        if position is not None and position > 1:
+            head = Demand.objects.line(d.pool_id).select_related("entry").first()
+        places.append(decide(view, entry, d.slots, position, head, now))
+    return Explanation(entry=entry, places=settle_other_pools(places))
+
+
+def latest_entry(key: str) -> QueueEntry:
+    """The latest entry with ``key`` (retries reuse a task id); raises :class:`EntryNotFound`."""
+    entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").first()
+    if entry is None:
+        raise EntryNotFound(key)
+    return entry
+
+
+def explain_key(key: str, *, now: datetime | None = None) -> Explanation:
+    """:func:`explain` for the latest entry with ``key``; raises :class:`EntryNotFound`."""
+    return explain(latest_entry(key), now=now)
+
+
+def explain_many(
+    entries: Sequence[QueueEntry], *, now: datetime | None = None
+) -> Mapping[int, Explanation]:
+    """:func:`explain` for a few entries (e.g. the tasks of one run), by queue id."""
+    now = now or timezone.now()
+    return {e.queue_id: explain(e, now=now) for e in entries}

@@ -1,0 +1,88 @@
+"""Manual start of a django-celery-beat periodic task ("Run now"), through the pools gate.
+
+Used by the REST endpoint ``POST jobs/<name>/start`` and the admin's "Run now". The
+periodic task's task is sent the way beat sends it (its args, kwargs and queue options,
+the ``periodic_task_name`` header), with ``app.send_task``, so a pooled task becomes a
+queue entry like any other call; the origin is recorded as a manual start.
+
+Celery and django-celery-beat are imported inside :func:`start_job`: this module is glue,
+and importing it does not pull Celery into the core.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pools.exceptions import JobNotFound, PoolConfigurationError
+from pools.models import Origin, QueueEntry
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStarted:
+    """Outcome of :func:`start_job`."""
+
+    #: True when the task is pooled: it went in line (it may already be admitted).
+    queued: bool
+    #: The Celery task id of the call.
+    key: str
+    #: The queue entry's id (pooled tasks only).
+    queue_id: int | None = None
+    #: The first pool the task asks for, by name (pooled tasks only).
+    pool: str | None = None
+    #: Every pool the task asks for, by name.
+    pools: list[str] = field(default_factory=list)
+
+
+def _json_field(raw: str | None, default: Any, name: str, what: str) -> Any:
+    try:
+        return json.loads(raw) if raw else default
+    except ValueError as exc:
+        raise PoolConfigurationError(
+            f"Periodic task {name!r} has invalid JSON in its {what}: {exc}. Fix it in the admin."
+        ) from exc
+
+
+def start_job(name: str, *, origin: str = Origin.MANUAL) -> JobStarted:
+    """Send periodic task ``name``'s task now, through the pools gate.
+
+    Raises :class:`JobNotFound` for an unknown name; a pool's refusal propagates
+    (:class:`PoolFull`, :class:`PoolDraining`, ...), as does :class:`PoolUnavailable`.
+    """
+    from celery import current_app
+    from celery.utils import uuid
+    from django_celery_beat.models import PeriodicTask
+
+    from pools import gate
+
+    job = PeriodicTask.objects.filter(name=name).first()
+    if job is None:
+        raise JobNotFound(name)
+    args = _json_field(job.args, [], name, "args")
+    kwargs = _json_field(job.kwargs, {}, name, "kwargs")
+    headers = _json_field(job.headers, {}, name, "headers")
+    headers["periodic_task_name"] = job.name  # what beat adds: the job a call belongs to
+    options: dict[str, Any] = {"headers": headers, gate.ORIGIN_OPTION: origin}
+    for option in ("queue", "exchange", "routing_key", "priority"):
+        value = getattr(job, option)
+        if value is not None and value != "":
+            options[option] = value
+    if job.expires is not None:
+        options["expires"] = job.expires
+    elif job.expire_seconds is not None:
+        options["expires"] = job.expire_seconds
+    key = uuid()
+    pooled = gate.spec_for(current_app, job.task) is not None
+    current_app.send_task(job.task, args, kwargs, task_id=key, **options)
+    if not pooled:
+        return JobStarted(queued=False, key=key)
+    entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").only("demand").first()
+    names = sorted(entry.demand) if entry is not None else []
+    return JobStarted(
+        queued=True,
+        key=key,
+        queue_id=entry.queue_id if entry is not None else None,
+        pool=names[0] if names else None,
+        pools=names,
+    )
