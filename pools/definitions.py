@@ -136,3 +136,123 @@ def pool_saved(pool: Pool, *, old_slots: int | None, old_paused: bool | None) ->
             EventKind.CAPACITY_CHANGED, pool.name, at=now, detail={"paused": pool.paused}
         )
     transaction.on_commit(lambda: admission.admit([pool.name]))
+
+
+# --------------------------------------------------------------------------- pool CRUD (API)
+
+#: Fields of a pool that :func:`update_pool` may change (the name is fixed: entries name it).
+EDITABLE = ("slots", "max_queued", "paused", "description")
+
+
+def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """Check pool fields with the same rules as settings; returns them normalized.
+
+    Raises ``PoolConfigurationError`` naming the field (``exc.field``) and the fix.
+    """
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        try:
+            if key == "name":
+                out[key] = validate_pool_name(value)
+            elif key == "slots":
+                out[key] = validate_slots(value, what="slots")
+            elif key == "max_queued":
+                out[key] = None if value is None else validate_slots(value, what="max_queued")
+            elif key == "paused":
+                if not isinstance(value, bool):
+                    raise PoolConfigurationError(f"paused must be true or false, got {value!r}.")
+                out[key] = value
+            elif key == "description":
+                out[key] = str(value)
+            else:
+                raise PoolConfigurationError(
+                    f"Unknown pool field {key!r}; allowed: name, {', '.join(EDITABLE)}."
+                )
+        except PoolConfigurationError as exc:
+            exc.field = key
+            raise
+    return out
+
+
+def create_pool(
+    *,
+    name: str,
+    slots: int,
+    max_queued: int | None = None,
+    paused: bool = False,
+    description: str = "",
+) -> Pool:
+    """Create a pool (admin, API). Raises ``PoolConfigurationError`` (bad field, name taken)."""
+    values = validate_fields(
+        {
+            "name": name,
+            "slots": slots,
+            "max_queued": max_queued,
+            "paused": paused,
+            "description": description,
+        }
+    )
+    with transaction.atomic():
+        if Pool.objects.filter(name=name).exists():
+            exc = PoolConfigurationError(
+                f"A pool named {name!r} already exists; pick another name."
+            )
+            exc.field = "name"
+            raise exc
+        pool = Pool.objects.create(**values)
+        pool_saved(pool, old_slots=None, old_paused=None)
+    return pool
+
+
+def update_pool(name: str, **changes: Any) -> Pool:
+    """Change a pool's ``slots``, ``max_queued``, ``paused`` or ``description`` under its lock.
+
+    Logs capacity/pause changes and runs admission after commit (:func:`pool_saved`).
+    Raises ``UnknownPool``, ``PoolConfigurationError`` or ``PoolUnavailable``.
+    """
+    from pools import admission
+    from pools.exceptions import UnknownPool
+
+    if "name" in changes and changes["name"] != name:
+        exc = PoolConfigurationError(
+            "A pool cannot be renamed: entries name it. Create a new pool instead."
+        )
+        exc.field = "name"
+        raise exc
+    changes.pop("name", None)
+    values = validate_fields(changes)
+    with admission.locked_pools([name]) as locked:
+        pool = locked.get(name)
+        if pool is None:
+            raise UnknownPool(name)
+        old_slots, old_paused = pool.slots, pool.paused
+        for key, value in values.items():
+            setattr(pool, key, value)
+        pool.save(update_fields=[*values, "updated_at"])
+        pool_saved(pool, old_slots=old_slots, old_paused=old_paused)
+    return pool
+
+
+def delete_pool(name: str) -> None:
+    """Delete a pool made in the admin or the API, with the finished history of its entries.
+
+    Refused with ``PoolDefinedInSettings`` for a pool of ``POOLS['DEFINITIONS']`` and with
+    ``PoolInUse`` while entries wait for it or hold its slots (checked under its lock).
+    Raises ``UnknownPool`` or ``PoolUnavailable``.
+    """
+    from pools import admission
+    from pools.exceptions import PoolDefinedInSettings, PoolInUse, UnknownPool
+    from pools.models import TERMINAL_STATES, Demand
+
+    with admission.locked_pools([name]) as locked:
+        pool = locked.get(name)
+        if pool is None:
+            raise UnknownPool(name)
+        if pool.defined_in_settings or name in conf.get().DEFINITIONS:
+            raise PoolDefinedInSettings(name)
+        active = Demand.objects.filter(pool_id=pool.pk).exclude(state__in=TERMINAL_STATES).count()
+        if active:
+            raise PoolInUse(name, active)
+        # Finished entries keep their rows in other pools; their demand here goes with it.
+        Demand.objects.filter(pool_id=pool.pk).delete()
+        pool.delete()

@@ -25,6 +25,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
     "django_celery_beat",
     "pools",
     "pools_admin",
@@ -101,3 +103,7 @@ for _key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "SWEEP_SECONDS"):
 # Extra task modules for the fault-tolerance acceptance tests.
 CELERY_IMPORTS = ["tests.testapp.fault_tasks"]
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+
+# The REST API's OpenAPI schema (drf-spectacular, the "api" extra).
+REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+SPECTACULAR_SETTINGS = {"TITLE": "django-celery-pools", "VERSION": "0.1.0"}

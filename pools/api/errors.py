@@ -1,0 +1,86 @@
+"""JSON errors: every :class:`~pools.exceptions.PoolError` mapped to a status and a body.
+
+=====================================  ======  ==========================================
+exception                              status  body
+=====================================  ======  ==========================================
+EntryNotFound, UnknownPool, JobNotFound  404   ``{"detail": message, "code": code}``
+PoolRefused (PoolFull, PoolDraining,     409   ``{"detail": message, "code": code}``
+NotCancellable, PoolInUse, ...)
+PoolConfigurationError                   400   ``{field: [message]}`` or detail + code
+PoolUnavailable, database unreachable    503   ``{"detail": "pool state is unavailable"}``
+=====================================  ======  ==========================================
+
+DRF's own errors keep their status and get a ``code`` beside their ``detail``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import InterfaceError, OperationalError
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
+
+from pools.exceptions import (
+    EntryNotFound,
+    JobNotFound,
+    PoolConfigurationError,
+    PoolError,
+    PoolRefused,
+    PoolUnavailable,
+    UnknownPool,
+)
+from pools.snapshots import InvalidCursor
+
+logger = logging.getLogger("pools.api")
+
+#: The fixed body of every 503 answer (SPEC §5).
+UNAVAILABLE = "pool state is unavailable"
+
+
+def status_of(exc: PoolError) -> int:
+    """The HTTP status of a pool error (the order matters: refusals may also be config errors)."""
+    if isinstance(exc, PoolUnavailable):
+        return status.HTTP_503_SERVICE_UNAVAILABLE
+    if isinstance(exc, PoolRefused):
+        return status.HTTP_409_CONFLICT
+    if isinstance(exc, EntryNotFound | UnknownPool | JobNotFound):
+        return status.HTTP_404_NOT_FOUND
+    if isinstance(exc, PoolConfigurationError):
+        return status.HTTP_400_BAD_REQUEST
+    return status.HTTP_500_INTERNAL_SERVER_ERROR
+
+
+def body_of(exc: PoolError) -> dict[str, Any]:
+    """The JSON body of a pool error."""
+    if isinstance(exc, PoolUnavailable):
+        return {"detail": UNAVAILABLE}
+    if isinstance(exc, PoolConfigurationError) and not isinstance(exc, PoolRefused) and exc.field:
+        return {exc.field: [str(exc)]}
+    return {"detail": str(exc), "code": exc.code}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF exception handler of the pools API views (set on the views, not globally)."""
+    if isinstance(exc, OperationalError | InterfaceError):  # the database is unreachable
+        logger.warning("pools API: %s", exc)
+        exc = PoolUnavailable(str(exc))
+    if isinstance(exc, PoolError):
+        if isinstance(exc, PoolUnavailable):
+            logger.warning("pools API answered 503: %s", exc)
+        set_rollback()
+        return Response(body_of(exc), status=status_of(exc))
+    if isinstance(exc, InvalidCursor):
+        return Response({"detail": str(exc), "code": "invalid_cursor"}, status=400)
+    response = drf_exception_handler(exc, context)
+    if (
+        response is not None
+        and isinstance(exc, exceptions.APIException)
+        and isinstance(response.data, dict)
+        and set(response.data) == {"detail"}
+    ):
+        response.data["code"] = getattr(exc.detail, "code", None) or exc.default_code
+    return response

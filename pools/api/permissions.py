@@ -1,0 +1,29 @@
+"""Permissions: an authenticated user with the Django model permissions of each method."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+#: Read the pools, their lines and entries.
+VIEW = "pools.view_pool"
+#: Cancel entries (``POST pools/<name>/queue/<key>/cancel``).
+CANCEL = "pools.cancel_queueentry"
+#: Start a periodic task now (``POST jobs/<name>/start``).
+START_JOB = "pools.start_job"
+
+
+class ModelPerms(BasePermission):
+    """The user must be authenticated and hold ``view.perms[request.method]`` (all of them)."""
+
+    message = "You do not have the permission this endpoint needs."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        """True for an active, authenticated user holding every permission of the method."""
+        user = request.user
+        if not user or not user.is_authenticated:
+            return False
+        needed = view.perms.get(request.method, ())
+        return bool(needed) and user.has_perms(needed)

@@ -1,0 +1,241 @@
+"""Bodies of the REST API: read-only views of the service objects, and the pool input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from pools import definitions
+from pools.exceptions import PoolConfigurationError
+from pools.explain import BLOCKERS
+from pools.models import Pool
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
+    """Every 4xx answer except validation errors: a message and a stable code."""
+
+    detail = serializers.CharField(help_text="What went wrong and how to fix it.")
+    code = serializers.CharField(help_text="Stable machine-readable code (PoolError.code, ...).")
+
+
+class UnavailableSerializer(serializers.Serializer[Any]):
+    """503: pool state is unavailable (database error or the lock bound passed)."""
+
+    detail = serializers.CharField(help_text='Always "pool state is unavailable".')
+
+
+class ValidationErrorSerializer(serializers.Serializer[Any]):
+    """400: messages per field (``non_field_errors`` for the whole body)."""
+
+    name = serializers.ListField(child=serializers.CharField(), required=False)
+    slots = serializers.ListField(child=serializers.CharField(), required=False)
+    max_queued = serializers.ListField(child=serializers.CharField(), required=False)
+    paused = serializers.ListField(child=serializers.CharField(), required=False)
+    description = serializers.ListField(child=serializers.CharField(), required=False)
+    non_field_errors = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+class HolderSerializer(serializers.Serializer[Any]):
+    """An entry holding slots (admitted or running)."""
+
+    queue_id = serializers.IntegerField()
+    key = serializers.CharField(help_text="The Celery task id.")
+    task = serializers.CharField(source="task_name")
+    state = serializers.CharField()
+    priority = serializers.IntegerField()
+    slots = serializers.IntegerField(help_text="Slots it holds in this pool.")
+    worker = serializers.CharField(help_text="Worker running it; empty until started.")
+    admitted_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    lease_expires_at = serializers.DateTimeField(allow_null=True)
+    attempt = serializers.IntegerField()
+    root_id = serializers.CharField()
+
+
+class WaitingSerializer(serializers.Serializer[Any]):
+    """A waiting entry as seen from one pool: its place and why it waits."""
+
+    queue_id = serializers.IntegerField()
+    key = serializers.CharField()
+    task = serializers.CharField(source="task_name")
+    state = serializers.CharField()
+    priority = serializers.IntegerField()
+    slots = serializers.IntegerField(help_text="Slots it asks of this pool.")
+    demand = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Every pool it asks for: {name: slots}."
+    )
+    enqueued_at = serializers.DateTimeField()
+    not_before = serializers.DateTimeField(allow_null=True)
+    deadline = serializers.DateTimeField(allow_null=True)
+    position = serializers.IntegerField(
+        allow_null=True, help_text="1-based place in the line; null when not in line."
+    )
+    blocked_by = serializers.ChoiceField(
+        choices=BLOCKERS, allow_null=True, help_text="Why it waits; null when admissible now."
+    )
+    message = serializers.CharField(help_text="Why it waits, in one sentence.")
+    eta = serializers.DateTimeField(allow_null=True, help_text="Estimated admission time.")
+    attempt = serializers.IntegerField()
+
+
+class RecentSerializer(serializers.Serializer[Any]):
+    """A terminal entry of the pool (newest first)."""
+
+    queue_id = serializers.IntegerField()
+    key = serializers.CharField()
+    task = serializers.CharField(source="task_name")
+    state = serializers.CharField()
+    reason = serializers.CharField(help_text="Why it ended (queue_timeout, revoked, ...).")
+    slots = serializers.IntegerField()
+    enqueued_at = serializers.DateTimeField()
+    admitted_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    worker = serializers.CharField()
+
+
+class LineItemSerializer(WaitingSerializer):
+    """An entry in a page of ``pools/<name>/entries/`` (any state)."""
+
+    worker = serializers.CharField()
+    admitted_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    lease_expires_at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField()
+
+
+class PoolSnapshotSerializer(serializers.Serializer[Any]):
+    """One pool: capacity, occupancy, the head of its line and recent terminal entries."""
+
+    name = serializers.CharField()
+    slots = serializers.IntegerField(help_text="Configured capacity.")
+    capacity = serializers.IntegerField(help_text="Capacity in effect for admission.")
+    held = serializers.IntegerField(help_text="Slots held by admitted and running entries.")
+    free = serializers.IntegerField()
+    max_queued = serializers.IntegerField(allow_null=True)
+    paused = serializers.BooleanField()
+    description = serializers.CharField()
+    defined_in_settings = serializers.BooleanField()
+    counts = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Unfinished entries per state: waiting, admitted, running (and delayed).",
+    )
+    running = HolderSerializer(many=True, source="holders")
+    waiting = WaitingSerializer(many=True, source="head", help_text="The head of the line.")
+    recent = RecentSerializer(many=True)
+    mean_hold_seconds = serializers.SerializerMethodField(
+        help_text="Mean hold time of recent entries (the ETA's basis); null without history."
+    )
+
+    def get_mean_hold_seconds(self, obj: Any) -> float | None:
+        """The snapshot's mean hold, in seconds."""
+        return None if obj.mean_hold is None else round(obj.mean_hold.total_seconds(), 3)
+
+
+class EntriesPageSerializer(serializers.Serializer[Any]):
+    """A page of a pool's entries (cursor pagination, line order for ``waiting``)."""
+
+    results = LineItemSerializer(many=True)
+    next = serializers.CharField(allow_null=True, help_text="URL of the next page, or null.")
+    next_cursor = serializers.CharField(allow_null=True)
+
+
+class PlaceSerializer(serializers.Serializer[Any]):
+    """Where an entry stands in one pool it asks for."""
+
+    pool = serializers.CharField()
+    slots = serializers.IntegerField()
+    position = serializers.IntegerField(allow_null=True)
+    blocked_by = serializers.ChoiceField(choices=BLOCKERS, allow_null=True)
+    message = serializers.CharField()
+    detail = serializers.DictField(help_text="holders, ahead, until, pool, free ...")
+    eta = serializers.DateTimeField(allow_null=True)
+
+
+class EntrySerializer(serializers.Serializer[Any]):
+    """A queue entry."""
+
+    queue_id = serializers.IntegerField()
+    key = serializers.CharField()
+    task = serializers.CharField(source="task_name")
+    state = serializers.CharField()
+    priority = serializers.IntegerField()
+    demand = serializers.DictField(child=serializers.IntegerField())
+    origin = serializers.CharField()
+    enqueued_at = serializers.DateTimeField()
+    not_before = serializers.DateTimeField(allow_null=True)
+    deadline = serializers.DateTimeField(allow_null=True)
+    admitted_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    lease_expires_at = serializers.DateTimeField(allow_null=True)
+    worker = serializers.CharField()
+    attempt = serializers.IntegerField()
+    root_id = serializers.CharField()
+    parent_id = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class ExplanationSerializer(EntrySerializer):
+    """An entry and, per pool it asks for, its position, why it waits and an ETA."""
+
+    blocked_by = serializers.ChoiceField(choices=BLOCKERS, allow_null=True)
+    eta = serializers.DateTimeField(allow_null=True)
+    pools = PlaceSerializer(many=True)
+
+
+class CancelSerializer(serializers.Serializer[Any]):
+    """Body of a cancel request (optional)."""
+
+    terminate = serializers.BooleanField(
+        default=False, help_text="Also stop an admitted or running entry (Celery revoke)."
+    )
+
+
+class JobStartedSerializer(serializers.Serializer[Any]):
+    """202: the job's task was sent; ``queue_id``/``pool``/``pools`` only when it is pooled."""
+
+    queued = serializers.BooleanField(help_text="True when the task is pooled (in line).")
+    key = serializers.CharField(help_text="The Celery task id.")
+    queue_id = serializers.IntegerField(required=False)
+    pool = serializers.CharField(required=False, help_text="First pool by name.")
+    pools = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+def _field_check(field: str, value: Any) -> Any:
+    try:
+        return definitions.validate_fields({field: value})[field]
+    except PoolConfigurationError as exc:
+        raise serializers.ValidationError(str(exc)) from exc
+
+
+class PoolInputSerializer(serializers.Serializer[Any]):
+    """Body of ``POST pools/`` and ``PATCH pools/<name>/`` (the rules of settings)."""
+
+    name = serializers.CharField(max_length=100)
+    slots = serializers.IntegerField()
+    max_queued = serializers.IntegerField(allow_null=True, required=False)
+    paused = serializers.BooleanField(required=False)
+    description = serializers.CharField(allow_blank=True, required=False)
+
+    def validate_name(self, value: str) -> str:
+        """Valid name, not taken (on create), unchanged (on update)."""
+        value = _field_check("name", value)
+        if self.instance is not None:
+            if value != self.instance.name:
+                raise serializers.ValidationError(
+                    "A pool cannot be renamed: entries name it. Create a new pool instead."
+                )
+        elif Pool.objects.filter(name=value).exists():
+            raise serializers.ValidationError(f"A pool named {value!r} already exists.")
+        return value
+
+    def validate_slots(self, value: int) -> int:
+        """A positive integer."""
+        return int(_field_check("slots", value))
+
+    def validate_max_queued(self, value: int | None) -> int | None:
+        """A positive integer or null (unlimited)."""
+        return _field_check("max_queued", value)

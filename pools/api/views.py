@@ -1,0 +1,314 @@
+"""REST endpoints. Every change goes through the service functions of the core.
+
+Authentication: the project's ``DEFAULT_AUTHENTICATION_CLASSES`` (DRF's default: session,
+with CSRF, and basic), plus token authentication when ``rest_framework.authtoken`` is
+installed. Permissions: Django model permissions per method (:mod:`pools.api.permissions`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.apps import apps
+from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import APIView
+
+from pools import admission, definitions, explain, jobs, snapshots
+from pools.api import errors, permissions
+from pools.api import serializers as s
+from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, view_schema
+from pools.exceptions import EntryNotFound, PoolRefused, UnknownPool
+from pools.models import Origin, Pool
+
+#: Head entries per pool in ``GET pools/`` and ``GET pools/<name>/``.
+LIST_HEAD, DETAIL_HEAD = 5, 10
+#: Recent terminal entries per pool in the same answers.
+LIST_RECENT, DETAIL_RECENT = 5, 10
+#: Default page size of ``GET pools/<name>/entries/``.
+PAGE_SIZE = 50
+
+
+def _authentication_classes() -> list[Any]:
+    classes = list(api_settings.DEFAULT_AUTHENTICATION_CLASSES)
+    if apps.is_installed("rest_framework.authtoken"):
+        from rest_framework.authentication import TokenAuthentication
+
+        if not any(issubclass(c, TokenAuthentication) for c in classes):
+            classes.append(TokenAuthentication)
+    return classes
+
+
+def _perms(read: str = permissions.VIEW, **methods: str) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {"GET": (read,), "HEAD": (read,), "OPTIONS": (read,)}
+    out.update({m: (p,) for m, p in methods.items()})
+    return out
+
+
+def _error(description: str, serializer: Any = s.ErrorSerializer) -> Any:
+    return OpenApiResponse(serializer, description=description)
+
+
+#: Answers every endpoint may give.
+COMMON = {
+    401: _error("Not authenticated (with an authentication class that sends a challenge)."),
+    403: _error("Not authenticated (session), missing permission, or CSRF check failed."),
+    503: _error("Pool state is unavailable.", s.UnavailableSerializer),
+}
+
+
+class PoolsAPIView(APIView):
+    """Base of the endpoints: authentication, permissions, JSON errors, the schema."""
+
+    permission_classes = [permissions.ModelPerms]
+    perms: dict[str, tuple[str, ...]] = _perms()
+    schema = view_schema()
+
+    def get_authenticators(self) -> list[Any]:
+        """The project's authentication classes, plus token auth when authtoken is installed."""
+        return [cls() for cls in _authentication_classes()]
+
+    def get_exception_handler(self) -> Any:
+        """Pool errors become JSON answers with stable codes (:mod:`pools.api.errors`)."""
+        return errors.exception_handler
+
+
+def _pool_or_404(name: str) -> None:
+    if not Pool.objects.filter(name=name).exists():
+        raise UnknownPool(name)
+
+
+# --------------------------------------------------------------------------- pools
+
+
+class PoolListView(PoolsAPIView):
+    """``GET pools/``: every pool; ``POST pools/``: create one."""
+
+    perms = _perms(POST="pools.add_pool")
+
+    @extend_schema(
+        operation_id="pools_list",
+        responses={200: s.PoolSnapshotSerializer(many=True), **COMMON},
+        description="Every pool with its capacity, occupancy, head of line and recent "
+        "terminal entries. A fixed number of queries whatever the depth of the lines.",
+    )
+    def get(self, request: Request) -> Response:
+        """Snapshots of every pool, by name."""
+        snaps = snapshots.snapshot_all(head=LIST_HEAD, recent=LIST_RECENT)
+        return Response(s.PoolSnapshotSerializer(snaps, many=True).data)
+
+    @extend_schema(
+        operation_id="pools_create",
+        request=s.PoolInputSerializer,
+        responses={
+            201: s.PoolSnapshotSerializer,
+            400: _error("Invalid fields (same rules as settings).", s.ValidationErrorSerializer),
+            **COMMON,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """Create a pool."""
+        data = s.PoolInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        pool = definitions.create_pool(**data.validated_data)
+        snap = snapshots.snapshot(pool.name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
+        return Response(s.PoolSnapshotSerializer(snap).data, status=status.HTTP_201_CREATED)
+
+
+class PoolDetailView(PoolsAPIView):
+    """``GET``, ``PATCH``, ``DELETE pools/<name>/``."""
+
+    perms = _perms(PATCH="pools.change_pool", DELETE="pools.delete_pool")
+
+    @extend_schema(
+        operation_id="pools_retrieve",
+        responses={200: s.PoolSnapshotSerializer, 404: _error("Unknown pool."), **COMMON},
+    )
+    def get(self, request: Request, name: str) -> Response:
+        """One pool."""
+        snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
+        return Response(s.PoolSnapshotSerializer(snap).data)
+
+    @extend_schema(
+        operation_id="pools_partial_update",
+        request=s.PoolInputSerializer(partial=True),
+        responses={
+            200: s.PoolSnapshotSerializer,
+            400: _error("Invalid fields (same rules as settings).", s.ValidationErrorSerializer),
+            404: _error("Unknown pool."),
+            **COMMON,
+        },
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        """Change ``slots``, ``max_queued``, ``paused`` or ``description``."""
+        pool = Pool.objects.filter(name=name).first()
+        if pool is None:
+            raise UnknownPool(name)
+        data = s.PoolInputSerializer(pool, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        changes = {k: v for k, v in data.validated_data.items() if k != "name"}
+        definitions.update_pool(name, **changes)
+        snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
+        return Response(s.PoolSnapshotSerializer(snap).data)
+
+    @extend_schema(
+        operation_id="pools_destroy",
+        responses={
+            204: OpenApiResponse(description="Deleted."),
+            404: _error("Unknown pool."),
+            409: _error(
+                "Entries still wait for or hold the pool (pool_in_use), or the pool is "
+                "defined in settings (pool_defined_in_settings)."
+            ),
+            **COMMON,
+        },
+    )
+    def delete(self, request: Request, name: str) -> Response:
+        """Delete a pool made in the admin or the API, with no unfinished entries."""
+        definitions.delete_pool(name)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class PoolEntriesView(PoolsAPIView):
+    """``GET pools/<name>/entries/``: a page of the pool's entries in one state."""
+
+    @extend_schema(
+        operation_id="pools_entries_list",
+        parameters=[
+            OpenApiParameter(
+                "state",
+                str,
+                description="Entry state: waiting (default, in line order), delayed, admitted, "
+                "running, or a terminal state.",
+                enum=list(snapshots.PAGE_STATES),
+            ),
+            OpenApiParameter("limit", int, description=f"Page size, 1-{snapshots.MAX_PAGE}."),
+            OpenApiParameter("cursor", str, description="The next_cursor of the previous page."),
+        ],
+        responses={
+            200: s.EntriesPageSerializer,
+            400: _error("Invalid state, limit or cursor."),
+            404: _error("Unknown pool."),
+            **COMMON,
+        },
+    )
+    def get(self, request: Request, name: str) -> Response:
+        """One page (cursor pagination)."""
+        state = request.query_params.get("state", "waiting")
+        cursor = request.query_params.get("cursor") or None
+        try:
+            limit = int(request.query_params.get("limit", PAGE_SIZE))
+        except ValueError as exc:
+            raise ValidationError({"limit": ["limit must be an integer."]}) from exc
+        if not 1 <= limit <= snapshots.MAX_PAGE:
+            raise ValidationError({"limit": [f"limit must be between 1 and {snapshots.MAX_PAGE}."]})
+        page = snapshots.entries_page(name, state=state, cursor=cursor, limit=limit)
+        next_url = None
+        if page.next_cursor:
+            query = urlencode({"state": state, "limit": limit, "cursor": page.next_cursor})
+            next_url = request.build_absolute_uri(f"{request.path}?{query}")
+        body = {
+            "results": s.LineItemSerializer(page.items, many=True).data,
+            "next": next_url,
+            "next_cursor": page.next_cursor,
+        }
+        return Response(body)
+
+
+# --------------------------------------------------------------------------- entries
+
+
+class EntryDetailView(PoolsAPIView):
+    """``GET entries/<key>/``: one entry and why it waits."""
+
+    @extend_schema(
+        operation_id="entries_retrieve",
+        responses={200: s.ExplanationSerializer, 404: _error("Unknown key."), **COMMON},
+        description="The latest entry with this key (the Celery task id) and, per pool it asks "
+        "for, its position, blocked_by, a message and an ETA.",
+    )
+    def get(self, request: Request, key: str) -> Response:
+        """The entry and its places."""
+        got = explain.explain_key(key)
+        body = dict(s.EntrySerializer(got.entry).data)
+        body["blocked_by"] = got.blocked_by
+        body["eta"] = _datetime.to_representation(got.eta) if got.eta else None
+        body["pools"] = s.PlaceSerializer(got.places, many=True).data
+        return Response(body)
+
+
+_datetime = serializers.DateTimeField()
+
+
+class CancelView(PoolsAPIView):
+    """``POST pools/<name>/queue/<key>/cancel``."""
+
+    perms = _perms(POST=permissions.CANCEL)
+
+    @extend_schema(
+        operation_id="pools_queue_cancel",
+        request=s.CancelSerializer,
+        responses={
+            200: s.EntrySerializer,
+            400: _error("Invalid body (terminate must be a boolean)."),
+            404: _error("Unknown pool, or no entry with this key in the pool."),
+            409: _error(
+                "The pool refuses: the entry is already running (without terminate) or "
+                "finished (not_cancellable)."
+            ),
+            **COMMON,
+        },
+    )
+    def post(self, request: Request, name: str, key: str) -> Response:
+        """Cancel a waiting entry (or, with ``terminate``, stop a held one)."""
+        body = s.CancelSerializer(data=request.data or {})
+        body.is_valid(raise_exception=True)
+        _pool_or_404(name)
+        entry = explain.latest_entry(key)
+        if name not in entry.demand:
+            raise EntryNotFound(key)
+        entry = admission.cancel(
+            key,
+            reason=f"cancelled via the API by {request.user}"[:255],
+            terminate=body.validated_data["terminate"],
+        )
+        return Response(s.EntrySerializer(entry).data)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+class JobStartView(PoolsAPIView):
+    """``POST jobs/<name>/start``: start a periodic task now."""
+
+    perms = _perms(POST=permissions.START_JOB)
+
+    @extend_schema(
+        operation_id="jobs_start",
+        request=None,
+        responses={
+            202: s.JobStartedSerializer,
+            404: _error("Unknown periodic task (job_not_found)."),
+            409: _error(
+                "A pool refuses the task (pool_full, pool_draining, unknown_pool, "
+                "demand_exceeds_capacity, ...)."
+            ),
+            **COMMON,
+        },
+    )
+    def post(self, request: Request, name: str) -> Response:
+        """Send the job's task through the pools gate."""
+        try:
+            started = jobs.start_job(name, origin=Origin.MANUAL)
+        except UnknownPool as exc:  # the task names a pool that is missing: a refusal here
+            refused = PoolRefused(str(exc))
+            refused.code = exc.code
+            raise refused from exc
+        body: dict[str, Any] = {"queued": started.queued, "key": started.key}
+        if started.queued:
+            body.update(queue_id=started.queue_id, pool=started.pool, pools=started.pools)
+        return Response(body, status=status.HTTP_202_ACCEPTED)
