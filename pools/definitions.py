@@ -138,6 +138,31 @@ def pool_saved(pool: Pool, *, old_slots: int | None, old_paused: bool | None) ->
     transaction.on_commit(lambda: admission.admit([pool.name]))
 
 
+def set_paused(name: str, paused: bool) -> bool:
+    """Pause (admit nothing; entries keep their place) or resume pool ``name``.
+
+    Returns True if the pool's state changed. The change is logged as a capacity event;
+    resuming runs admission after commit. Raises :class:`UnknownPool` for an unknown name.
+    """
+    from pools import admission
+    from pools.exceptions import UnknownPool
+
+    now = timezone.now()
+    with transaction.atomic():
+        changed = (
+            Pool.objects.filter(name=name)
+            .exclude(paused=paused)
+            .update(paused=paused, updated_at=now)
+        )
+        if not changed and not Pool.objects.filter(name=name).exists():
+            raise UnknownPool(name)
+        if changed:
+            events.record_pool(EventKind.CAPACITY_CHANGED, name, at=now, detail={"paused": paused})
+            if not paused:
+                transaction.on_commit(lambda: admission.admit([name]))
+    return bool(changed)
+
+
 # --------------------------------------------------------------------------- pool CRUD (API)
 
 #: Fields of a pool that :func:`update_pool` may change (the name is fixed: entries name it).

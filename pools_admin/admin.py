@@ -1,22 +1,97 @@
-"""Admin registrations for pools and queue entries (changes go through the service functions)."""
+"""Admin registrations for pools and queue entries (changes go through the service functions).
+
+Besides the model pages this module mounts the card's fragment and cancel views, the run
+panel and a pool's occupancy page (see :mod:`pools_admin.views`) through ``get_urls``,
+and adds "Run now" to django-celery-beat's ``PeriodicTask`` admin
+(:func:`install_run_now`).
+"""
 
 from __future__ import annotations
 
+from functools import update_wrapper
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.db import DatabaseError
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 
 from pools import admission, definitions
-from pools.exceptions import PoolError
-from pools.models import Pool, PoolEvent, QueueEntry, WorkerNode
+from pools.exceptions import PoolError, PoolRefused, PoolUnavailable
+from pools.models import HELD_STATES, Demand, EntryState, Pool, PoolEvent, QueueEntry, WorkerNode
+from pools_admin import views, why
+
+
+def _mount(model_admin: admin.ModelAdmin[Any], view: Any) -> Any:
+    """``view(request, model_admin, ...)`` as an admin view of ``model_admin``'s site."""
+
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return view(request, model_admin, *args, **kwargs)
+
+    wrapped = model_admin.admin_site.admin_view(update_wrapper(wrapper, view))
+    return wrapped
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
-    list_display = ("name", "slots", "max_queued", "paused", "defined_in_settings")
+class PoolAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "name",
+        "capacity",
+        "held",
+        "waiting",
+        "paused",
+        "max_queued",
+        "defined_in_settings",
+        "occupancy",
+    )
+    list_filter = ("paused", "defined_in_settings")
     search_fields = ("name",)
+    actions = ["pause_pools", "resume_pools"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Pool]:
+        # Held and waiting as correlated subqueries: one query for the whole list.
+        held = (
+            Demand.objects.filter(pool=OuterRef("pk"), state__in=HELD_STATES)
+            .order_by()
+            .values("pool")
+            .annotate(n=Sum("slots"))
+            .values("n")
+        )
+        waiting = (
+            Demand.objects.filter(pool=OuterRef("pk"), state=EntryState.WAITING)
+            .order_by()
+            .values("pool")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                held_slots=Coalesce(Subquery(held, output_field=IntegerField()), 0),
+                waiting_count=Coalesce(Subquery(waiting, output_field=IntegerField()), 0),
+            )
+        )
+
+    @admin.display(description="capacity", ordering="slots")
+    def capacity(self, obj: Pool) -> int:
+        return obj.slots
+
+    @admin.display(description="held", ordering="held_slots")
+    def held(self, obj: Pool) -> int:
+        return int(getattr(obj, "held_slots", 0))
+
+    @admin.display(description="waiting", ordering="waiting_count")
+    def waiting(self, obj: Pool) -> int:
+        return int(getattr(obj, "waiting_count", 0))
+
+    @admin.display(description="occupancy")
+    def occupancy(self, obj: Pool) -> str:
+        url = reverse(f"{self.admin_site.name}:pools_pool_occupancy", args=[obj.name])
+        return format_html('<a href="{}">timeline</a>', url)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Pool | None = None) -> Any:
         # Entries name their pools: renaming would orphan them.
@@ -33,34 +108,179 @@ class PoolAdmin(admin.ModelAdmin):
             old_paused=before["paused"] if before else None,
         )
 
+    def _set_paused(self, request: HttpRequest, queryset: QuerySet[Pool], paused: bool) -> None:
+        changed = [p.name for p in queryset if definitions.set_paused(p.name, paused)]
+        verb = "Paused" if paused else "Resumed"
+        if changed:
+            self.message_user(request, f"{verb} {', '.join(changed)}.", messages.SUCCESS)
+        else:
+            state = "paused" if paused else "running"
+            self.message_user(request, f"Nothing to do: every selected pool is already {state}.")
+
+    @admin.action(description="Pause selected pools (admit nothing)", permissions=["change"])
+    def pause_pools(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        self._set_paused(request, queryset, True)
+
+    @admin.action(description="Resume selected pools", permissions=["change"])
+    def resume_pools(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        self._set_paused(request, queryset, False)
+
+    def get_urls(self) -> list[URLPattern]:
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("card/", _mount(self, views.card_fragment), name=f"{info}_card"),
+            path(
+                "occupancy/<str:name>/",
+                _mount(self, views.pool_page),
+                name=f"{info}_occupancy",
+            ),
+            *super().get_urls(),
+        ]
+
+
+class PoolFilter(admin.SimpleListFilter):
+    """Entries that ask for one pool."""
+
+    title = "pool"
+    parameter_name = "pool"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(n, n) for n in Pool.objects.order_by("name").values_list("name", flat=True)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(demands__pool__name=value) if value else queryset
+
 
 @admin.register(QueueEntry)
-class QueueEntryAdmin(admin.ModelAdmin):
-    list_display = ("queue_id", "task_name", "state", "priority", "enqueued_at", "worker")
-    list_filter = ("state", "demands__pool__name")
+class QueueEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "queue_id",
+        "task_name",
+        "state",
+        "pools",
+        "priority",
+        "enqueued_at",
+        "worker",
+        "origin",
+        "panel",
+    )
+    list_filter = (
+        PoolFilter,
+        "state",
+        ("task_name", admin.AllValuesFieldListFilter),
+        "origin",
+    )
     search_fields = ("key", "task_name")
     readonly_fields = [f.name for f in QueueEntry._meta.fields]
-    actions = ["cancel_entries"]
+    actions = ["cancel_entries", "cancel_and_terminate"]
+    change_form_template = "pools_admin/entry_change_form.html"
+    ordering = ("-queue_id",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.action(description="Cancel selected waiting entries", permissions=["change"])
-    def cancel_entries(self, request: HttpRequest, queryset: QuerySet[QueueEntry]) -> None:
-        done = 0
-        for entry in queryset.filter(state="waiting"):
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Rows change only through the service functions (a deleted holder would leak slots).
+        return False
+
+    @admin.display(description="pools")
+    def pools(self, obj: QueueEntry) -> str:
+        return ", ".join(
+            f"{name}\N{MULTIPLICATION SIGN}{slots}" for name, slots in sorted(obj.demand.items())
+        )
+
+    @admin.display(description="run")
+    def panel(self, obj: QueueEntry) -> str:
+        url = reverse(f"{self.admin_site.name}:pools_queueentry_panel", args=[obj.queue_id])
+        return format_html('<a href="{}">panel</a>', url)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context: dict[str, Any] = {
+            "show_save": False,
+            "show_save_and_continue": False,
+            "show_save_and_add_another": False,
+            "show_delete": False,
+            **(extra_context or {}),
+        }
+        entry = QueueEntry.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        if entry is not None:
             try:
-                admission.cancel(entry.key, reason=f"cancelled in admin by {request.user}")
-                done += 1
+                context["explanation"] = why.explain_one(entry)
+            except (PoolUnavailable, DatabaseError) as exc:
+                context["explanation_error"] = f"{views.UNAVAILABLE}: {exc}"
+            context["panel_url"] = reverse(
+                f"{self.admin_site.name}:pools_queueentry_panel", args=[entry.queue_id]
+            )
+        return super().change_view(request, object_id, form_url, context)
+
+    def _cancel(
+        self, request: HttpRequest, queryset: QuerySet[QueueEntry], terminate: bool
+    ) -> None:
+        done: list[str] = []
+        states = (EntryState.WAITING, *HELD_STATES) if terminate else (EntryState.WAITING,)
+        skipped = queryset.exclude(state__in=states).count()
+        for entry in queryset.filter(state__in=states).order_by("queue_id"):
+            try:
+                admission.cancel(
+                    entry.key,
+                    reason=f"cancelled in the admin by {request.user}",
+                    terminate=terminate,
+                )
+            except PoolRefused as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+            except (PoolUnavailable, DatabaseError):
+                self.message_user(
+                    request, f"{views.UNAVAILABLE}; nothing more was cancelled.", messages.ERROR
+                )
+                break
             except PoolError as exc:
                 self.message_user(request, str(exc), messages.WARNING)
-        self.message_user(request, f"Cancelled {done} waiting entr{'y' if done == 1 else 'ies'}.")
+            else:
+                done.append(f"#{entry.queue_id}")
+                self.log_change(request, entry, "Cancelled" + (" (terminate)" if terminate else ""))
+        if done:
+            what = "Cancelled or stopping" if terminate else "Cancelled"
+            self.message_user(request, f"{what}: {', '.join(done)}.", messages.SUCCESS)
+        if skipped:
+            why_not = "already finished" if terminate else "not waiting (use cancel-and-terminate)"
+            self.message_user(
+                request,
+                f"{skipped} selected entr{'y was' if skipped == 1 else 'ies were'} {why_not}.",
+                messages.WARNING,
+            )
+
+    @admin.action(description="Cancel selected waiting entries", permissions=["change"])
+    def cancel_entries(self, request: HttpRequest, queryset: QuerySet[QueueEntry]) -> None:
+        self._cancel(request, queryset, terminate=False)
+
+    @admin.action(
+        description="Cancel selected entries, terminating running ones", permissions=["change"]
+    )
+    def cancel_and_terminate(self, request: HttpRequest, queryset: QuerySet[QueueEntry]) -> None:
+        self._cancel(request, queryset, terminate=True)
+
+    def get_urls(self) -> list[URLPattern]:
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("card/cancel/", _mount(self, views.card_cancel), name=f"{info}_card_cancel"),
+            path("run/<str:root_id>/", _mount(self, views.run_panel), name=f"{info}_run"),
+            path("<int:queue_id>/panel/", _mount(self, views.entry_panel), name=f"{info}_panel"),
+            *super().get_urls(),
+        ]
 
 
 @admin.register(PoolEvent)
-class PoolEventAdmin(admin.ModelAdmin):
+class PoolEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("id", "at", "kind", "pool", "entry_id", "token")
     list_filter = ("kind", "pool")
+    search_fields = ("key",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -70,5 +290,60 @@ class PoolEventAdmin(admin.ModelAdmin):
 
 
 @admin.register(WorkerNode)
-class WorkerNodeAdmin(admin.ModelAdmin):
+class WorkerNodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("hostname", "pid", "started_at", "last_seen")
+
+
+# --------------------------------------------------------------------------- Run now
+
+
+@admin.action(description="Run now (through its pools)", permissions=["change"])
+def run_now(
+    modeladmin: admin.ModelAdmin[Any], request: HttpRequest, queryset: QuerySet[Any]
+) -> None:
+    """Start each selected periodic task now, as the REST ``jobs/<name>/start`` does."""
+    from pools_admin import jobs
+
+    for task in queryset.order_by("name"):
+        level, text = jobs.run_now(task.name)
+        modeladmin.message_user(request, text, level)
+
+
+def install_run_now(site: admin.AdminSite | None = None) -> bool:
+    """Add "Run now" to the ``PeriodicTask`` admin registered on ``site`` (idempotent).
+
+    The registered ModelAdmin (django-celery-beat's, or a project's own) is replaced by a
+    subclass of it with one more action. Returns False while ``PeriodicTask`` is not
+    registered yet (django-celery-beat not installed, or its admin not loaded yet).
+    """
+    site = site or admin.site
+    try:
+        from django_celery_beat.models import PeriodicTask
+    except (ImportError, RuntimeError):  # not installed
+        return False
+    current = site._registry.get(PeriodicTask)
+    if current is None:
+        return False
+    if getattr(current, "pools_run_now", False):
+        return True
+    base = type(current)
+    actions = [*(base.actions or []), "run_now"]
+    subclass = type(
+        base.__name__,
+        (base,),
+        {
+            "__module__": base.__module__,
+            "__doc__": base.__doc__,
+            "pools_run_now": True,
+            "actions": actions,
+            "run_now": run_now,
+        },
+    )
+    site.unregister(PeriodicTask)
+    site.register(PeriodicTask, subclass)
+    return True
+
+
+install_run_now()
+
+__all__ = ["PoolAdmin", "QueueEntryAdmin", "install_run_now", "run_now"]
