@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo test test-sqlite test-postgres lint docs services clean
+.PHONY: install demo test test-sqlite test-postgres test-browser browsers lint docs services clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test,lint,docs,demo,bench]"
+	$(BIN)/python -m pip install -q -e ".[test,lint,docs,demo,bench,browser]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -39,7 +39,21 @@ test-postgres: install services
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
 	$(BIN)/pytest -q tests/integration tests/acceptance --ignore tests/acceptance/test_demo.py
 
-test: lint docs test-sqlite test-postgres
+# Debian's Chromium for the browser tests (Playwright never downloads a browser here).
+# Installed with apt when missing; still missing afterwards is an error, not a skip.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browsers:
+	@test -x /usr/bin/chromium || ($(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver)
+	@test -x /usr/bin/chromium || (echo "chromium is missing: apt-get install chromium" && exit 1)
+
+# Headless Chromium against the admin: real PostgreSQL, Redis and Celery workers (~1 min).
+test-browser: install services browsers
+	POOLS_TEST_DB=postgres CELERY_BROKER_URL=redis://127.0.0.1:6379/14 \
+	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
+	$(BIN)/pytest -q tests/browser
+
+test: lint docs test-sqlite test-postgres test-browser
 
 clean:
 	rm -rf $(VENV) .site .pytest_cache

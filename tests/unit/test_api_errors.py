@@ -1,0 +1,68 @@
+"""REST error mapping (no database): each PoolError to its status and JSON body."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import OperationalError
+from rest_framework import exceptions
+
+from pools.api import errors
+from pools.exceptions import (
+    DemandExceedsCapacity,
+    EntryNotFound,
+    JobNotFound,
+    NotCancellable,
+    PoolConfigurationError,
+    PoolDefinedInSettings,
+    PoolDraining,
+    PoolFull,
+    PoolInUse,
+    PoolUnavailable,
+    UnknownPool,
+)
+from pools.snapshots import InvalidCursor
+
+CASES = [
+    (EntryNotFound("k"), 404, "entry_not_found"),
+    (UnknownPool("p"), 404, "unknown_pool"),
+    (JobNotFound("j"), 404, "job_not_found"),
+    (PoolFull("p", 3), 409, "pool_full"),
+    (PoolDraining("Pool 'p' is draining."), 409, "pool_draining"),
+    (NotCancellable("Entry 'k' is already running."), 409, "not_cancellable"),
+    (DemandExceedsCapacity("p", 3, 2), 409, "demand_exceeds_capacity"),
+    (PoolInUse("p", 2), 409, "pool_in_use"),
+    (PoolDefinedInSettings("p"), 409, "pool_defined_in_settings"),
+    (PoolConfigurationError("Bad."), 400, "pool_configuration"),
+]
+
+
+@pytest.mark.parametrize("exc,status,code", CASES, ids=[c[2] for c in CASES])
+def test_pool_errors__status_and_body(exc, status, code):
+    response = errors.exception_handler(exc, {})
+    assert response is not None
+    assert response.status_code == status
+    assert response.data == {"detail": str(exc), "code": code}
+
+
+def test_unavailable__fixed_body_whatever_the_cause():
+    for exc in (
+        PoolUnavailable("pool state is unavailable (pools p): lock timeout"),
+        OperationalError("could not connect to server"),
+    ):
+        response = errors.exception_handler(exc, {})
+        assert (response.status_code, response.data) == (503, {"detail": errors.UNAVAILABLE})
+
+
+def test_configuration_error_on_one_field__is_a_field_message():
+    exc = PoolConfigurationError("slots must be a positive integer, got 0.")
+    exc.field = "slots"
+    response = errors.exception_handler(exc, {})
+    assert (response.status_code, response.data) == (400, {"slots": [str(exc)]})
+
+
+def test_drf_errors__keep_their_status_and_get_a_code():
+    response = errors.exception_handler(exceptions.PermissionDenied(), {})
+    assert response.status_code == 403 and response.data["code"] == "permission_denied"
+    response = errors.exception_handler(InvalidCursor("Invalid cursor 'x'."), {})
+    assert response.status_code == 400 and response.data["code"] == "invalid_cursor"
+    assert errors.exception_handler(ValueError("a bug"), {}) is None, "bugs stay 500s"
