@@ -53,7 +53,7 @@ test-browser: install services browsers
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
 	$(BIN)/pytest -q tests/browser
 
-test: lint docs test-sqlite test-postgres test-browser
+test: browsers lint docs test-sqlite test-postgres test-browser
 
 clean:
 	rm -rf $(VENV) .site .pytest_cache

@@ -73,7 +73,7 @@ class RunPanel:
 #: The run panel's extra window: from the run's first admission to now.
 FIT = "run"
 #: Shortest span the "run" window shows.
-MIN_FIT = timedelta(seconds=30)
+MIN_FIT = timedelta(seconds=10)
 
 
 def window_of(value: str | None, *, allow_fit: bool = False) -> str:

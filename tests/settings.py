@@ -101,7 +101,7 @@ for _key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "SWEEP_SECONDS"):
         POOLS[_key] = float(os.environ[f"POOLS_{_key}"])
 
 # Extra task modules for the fault-tolerance acceptance tests.
-CELERY_IMPORTS = ["tests.testapp.fault_tasks"]
+CELERY_IMPORTS = ["tests.testapp.fault_tasks", "tests.browser.tasks"]  # + the browser scenario
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 # The REST API's OpenAPI schema (drf-spectacular, the "api" extra).

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from tests.acceptance.conftest import celery_workers  # noqa: F401  (real workers, reused)
 from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parents[2]
