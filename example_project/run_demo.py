@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "          Resource pools, queue entries and the event log are under 'Resource pools'."
         )
+        for label, url in surface_urls(admin_url, keys):
+            print(f"{label + ':':<10}{url}")
         print("Docs:     docs/ in the repository (make docs builds them into .site/)")
         print(f"Logs:     {var / 'worker.log'}, {var / 'server.log'}")
         print("The worker and the server keep running; press Ctrl-C to stop them.")
@@ -268,6 +270,16 @@ def watch(keys: list[str], timeout: float) -> bool:
         f"in the result backend."
     )
     return states["succeeded"] == len(keys) and stored == len(keys)
+
+
+def surface_urls(admin_url: str, keys: list[str]) -> list[tuple[str, str]]:
+    """The operator's pages: the card, a run panel (of the burst's first task), the API."""
+    site = admin_url.removesuffix("admin/")
+    return [
+        ("Card", f"{admin_url}  (the Resource pools card, top of the admin index)"),
+        ("Run", f"{admin_url}pools/queueentry/run/{keys[0]}/  (run panel of the first task)"),
+        ("API", f"{site}api/pools/  (REST, same login; OpenAPI UI at {site}api/docs/)"),
+    ]
 
 
 def describe_head(snap: PoolSnapshot) -> str:

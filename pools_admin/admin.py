@@ -180,6 +180,10 @@ class QueueEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        """``pools.cancel_queueentry`` (the REST API's) or the change permission."""
+        return views.can_cancel(request.user)
+
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Rows change only through the service functions (a deleted holder would leak slots).
         return False
@@ -256,12 +260,12 @@ class QueueEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 messages.WARNING,
             )
 
-    @admin.action(description="Cancel selected waiting entries", permissions=["change"])
+    @admin.action(description="Cancel selected waiting entries", permissions=["cancel"])
     def cancel_entries(self, request: HttpRequest, queryset: QuerySet[QueueEntry]) -> None:
         self._cancel(request, queryset, terminate=False)
 
     @admin.action(
-        description="Cancel selected entries, terminating running ones", permissions=["change"]
+        description="Cancel selected entries, terminating running ones", permissions=["cancel"]
     )
     def cancel_and_terminate(self, request: HttpRequest, queryset: QuerySet[QueueEntry]) -> None:
         self._cancel(request, queryset, terminate=True)
@@ -297,7 +301,7 @@ class WorkerNodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 # --------------------------------------------------------------------------- Run now
 
 
-@admin.action(description="Run now (through its pools)", permissions=["change"])
+@admin.action(description="Run now (through its pools)", permissions=["start_job"])
 def run_now(
     modeladmin: admin.ModelAdmin[Any], request: HttpRequest, queryset: QuerySet[Any]
 ) -> None:
@@ -307,6 +311,11 @@ def run_now(
     for task in queryset.order_by("name"):
         level, text = jobs.run_now(task.name)
         modeladmin.message_user(request, text, level)
+
+
+def _has_start_job_permission(self: admin.ModelAdmin, request: HttpRequest) -> bool:  # type: ignore[type-arg]
+    """``pools.start_job`` (the REST API's) or the change permission on periodic tasks."""
+    return bool(request.user.has_perm("pools.start_job") or self.has_change_permission(request))
 
 
 def install_run_now(site: admin.AdminSite | None = None) -> bool:
@@ -335,6 +344,7 @@ def install_run_now(site: admin.AdminSite | None = None) -> bool:
             "__module__": base.__module__,
             "__doc__": base.__doc__,
             "pools_run_now": True,
+            "has_start_job_permission": _has_start_job_permission,
             "actions": actions,
             "run_now": run_now,
         },

@@ -127,7 +127,7 @@ def holds_of(
             out[d.pool_id] = (holds, True)
             continue
         end_at = e.finished_at if d.state in TERMINAL_STATES else None
-        if d.state in TERMINAL_STATES and end_at is None:
+        if e.admitted_at is None or (d.state in TERMINAL_STATES and end_at is None):
             continue  # finished without a time: nothing to draw
         holds.append(
             timeline.Hold(
@@ -190,7 +190,7 @@ def load(
         )
         (panel.finished if e.state in TERMINAL_STATES else panel.active).append(row)
     # Active work in line order of the run (holders first), finished work newest first.
-    rank = {EntryState.RUNNING: 0, EntryState.ADMITTED: 1, EntryState.WAITING: 2}
+    rank: dict[str, int] = {EntryState.RUNNING: 0, EntryState.ADMITTED: 1, EntryState.WAITING: 2}
     panel.active.sort(key=lambda r: (rank.get(r.entry.state, 3), r.entry.queue_id))
     panel.finished.sort(
         key=lambda r: (r.entry.finished_at or r.entry.enqueued_at, r.entry.queue_id), reverse=True

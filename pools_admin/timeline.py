@@ -241,7 +241,7 @@ def layout(
     for hold, lane in placed:
         x0 = x_of(hold.start)
         x1 = x_of(hold.end or end)
-        width = max(x1 - x0, 2.0)  # an instant stays visible and hoverable
+        width = max(x1 - x0 - 1.0, 2.0)  # 1 unit gap between holders; an instant stays visible
         bars.append(
             Bar(
                 hold=hold,

@@ -37,7 +37,13 @@ UNAVAILABLE = "Pool state is unavailable"
 
 VIEW_POOL = "pools.view_pool"
 VIEW_ENTRY = "pools.view_queueentry"
-CANCEL_ENTRY = "pools.change_queueentry"
+#: Cancel entries: the REST API's permission, or the change permission on entries.
+CANCEL_ENTRY = ("pools.cancel_queueentry", "pools.change_queueentry")
+
+
+def can_cancel(user: Any) -> bool:
+    """The user may cancel entries (card, entry actions)."""
+    return any(user.has_perm(perm) for perm in CANCEL_ENTRY)
 
 
 def _url(request: HttpRequest, name: str, *args: Any) -> str:
@@ -66,7 +72,7 @@ def card_context(request: HttpRequest) -> dict[str, Any]:
         "error": error,
         "unavailable": UNAVAILABLE,
         "now": timezone.now(),
-        "can_cancel": user.has_perm(CANCEL_ENTRY),
+        "can_cancel": can_cancel(user),
         "can_view_entries": user.has_perm(VIEW_ENTRY),
         "refresh_url": _url(request, "pools_pool_card"),
         "cancel_url": _url(request, "pools_queueentry_card_cancel"),
@@ -95,7 +101,7 @@ def card_cancel(request: HttpRequest, model_admin: ModelAdmin[Any]) -> HttpRespo
     Answers JSON ``{"ok", "message"}`` to ``card.js`` (200, 404, 409 with the pool's own
     message, 503) and a redirect to the admin index with a message otherwise (no JS).
     """
-    if not request.user.has_perm(CANCEL_ENTRY):
+    if not can_cancel(request.user):
         raise PermissionDenied
     key = request.POST.get("key", "").strip()
     status, level = 200, messages.SUCCESS

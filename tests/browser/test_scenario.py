@@ -13,7 +13,6 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import pytest
 from celery import chain, chord
 from django.contrib.auth.models import User
 

@@ -157,6 +157,19 @@ def test_card__viewer_sees_numbers_but_no_cancel_and_cannot_post(busy):
     assert QueueEntry.objects.get(key="wait-low").state == EntryState.WAITING
 
 
+def test_card__change_permission_on_entries_allows_cancel(busy):
+    client = Client()
+    client.force_login(_staff("operator", "pools.view_pool", "pools.change_queueentry"))
+    assert "pools-cancel" in client.get(INDEX).content.decode()
+    response = client.post(
+        reverse("admin:pools_queueentry_card_cancel"),
+        {"key": "wait-low"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert response.status_code == 200
+    assert QueueEntry.objects.get(key="wait-low").state == EntryState.CANCELLED
+
+
 def test_card__hidden_without_view_permission(busy):
     client = Client()
     client.force_login(_staff("nobody"))
