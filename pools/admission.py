@@ -17,6 +17,11 @@ A pool's head waits until all of its slots are free and blocks everything behind
 (no backfill). A multi-pool entry is admitted only where it is the head of every
 pool it names, and then acquires all of them at once.
 
+Time is different: an entry whose ``not_before`` (countdown, ETA, retry delay) is
+ahead is not in line (its demand rows are ``delayed``) and blocks nothing. The first
+admission pass after it is due moves it into line as if it had been sent then
+(``enqueued_at`` = its due time), and a timed wake-up makes that pass happen on time.
+
 Transactions are short: task bodies and broker publishes run after commit
 (:mod:`pools.dispatch`).
 """
@@ -43,7 +48,16 @@ from pools.exceptions import (
     PoolUnavailable,
     UnknownPool,
 )
-from pools.models import HELD_STATES, Demand, EntryState, EventKind, Origin, Pool, QueueEntry
+from pools.models import (
+    DELAYED,
+    HELD_STATES,
+    Demand,
+    EntryState,
+    EventKind,
+    Origin,
+    Pool,
+    QueueEntry,
+)
 from pools.specs import PoolSpec
 
 #: ``reason`` of a held entry whose termination was requested (``cancel(terminate=True)``).
@@ -52,6 +66,12 @@ TERMINATING = "terminating"
 LINE_BATCH = 200
 #: Bound on follow-up passes when a multi-pool head needs pools that were not locked.
 MAX_PASSES = 4
+#: At most this many delayed entries join the line per admission pass (the rest next pass).
+PROMOTE_BATCH = 500
+#: ``reason`` of an entry whose Celery ``expires`` passed while it waited.
+EXPIRES = "expired"
+#: ``reason`` of an entry whose ``queue_timeout`` passed while it waited.
+QUEUE_TIMEOUT = "queue_timeout"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,14 +84,17 @@ class Submission:
     task_name: str
     #: What the call asks of its pools (after per-call overrides).
     spec: PoolSpec
-    #: Positional arguments, JSON-serializable.
-    args: Sequence[Any] = ()
-    #: Keyword arguments, JSON-serializable.
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Positional arguments as shown in the admin and API (JSON data, or Celery's repr of
+    #: them when they are not plain JSON); the message itself is in ``options``.
+    args: Sequence[Any] | str = ()
+    #: Keyword arguments, shown like ``args``.
+    kwargs: dict[str, Any] | str = field(default_factory=dict)
     #: Celery publish options held until admission.
     options: dict[str, Any] = field(default_factory=dict)
     #: Earliest admission time (ETA / countdown).
     not_before: datetime | None = None
+    #: Celery's ``expires``: the entry ends (as Celery ends an expired task) if still waiting.
+    expires: datetime | None = None
     #: Where the call came from.
     origin: str = Origin.CODE
     #: Workflow ids.
@@ -168,6 +191,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
     held = _held_by_pool(by_id)
     free = {pid: p.slots - held.get(pid, 0) for pid, p in by_id.items()}
     lease = timedelta(seconds=conf.get().LEASE_SECONDS)
+    _promote_due(pools, now, result)
     admitted: list[QueueEntry] = []
     expired: list[QueueEntry] = []
     done: set[int] = set()
@@ -201,9 +225,6 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
                     _drop_from_lines(entry, pools, lines)
                     progress = True
                     continue
-                if entry.not_before is not None and entry.not_before > now:
-                    result.wake[pool.name] = entry.not_before
-                    break  # an ineligible head still blocks its pool
                 if not _fits_everywhere(entry, pools, lines, free, result.needs):
                     break
                 for name, slots in entry.demand.items():
@@ -230,10 +251,81 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             for e in admitted
         )
     if expired:
-        result.finished.extend(
-            _finish_waiting(expired, EntryState.EXPIRED, now, reason="queue_timeout")
-        )
+        result.finished.extend(_expire(expired, now))
     return result
+
+
+def _promote_due(pools: dict[str, Pool], now: datetime, result: _Pass) -> None:
+    """Delayed entries that are due join the line; note when the next one is due.
+
+    A pool's ``next_due_at`` says when to look, so a pass over pools with nothing due
+    costs no query. An entry joins only when all of its pools are locked (all its rows
+    change at once); otherwise its other pools go to ``result.needs`` for a follow-up pass.
+    """
+    looked = [p for p in pools.values() if p.next_due_at is not None and p.next_due_at <= now]
+    for pool in pools.values():
+        if pool.next_due_at is not None and pool.next_due_at > now:
+            result.wake[pool.name] = pool.next_due_at
+    if not looked:
+        return
+    due = list(
+        Demand.objects.due([p.pk for p in looked], now)
+        .order_by("enqueued_at")
+        .values_list("entry_id", flat=True)[:PROMOTE_BATCH]
+    )
+    if due:
+        names: dict[int, set[str]] = {}
+        for entry_id, name in Demand.objects.filter(entry_id__in=due).values_list(
+            "entry_id", "pool__name"
+        ):
+            names.setdefault(entry_id, set()).add(name)
+        ready = [e for e, wanted in names.items() if wanted <= pools.keys()]
+        for wanted in names.values():
+            result.needs |= wanted - pools.keys()
+        if ready:
+            Demand.objects.filter(entry_id__in=ready, state=DELAYED).update(
+                state=EntryState.WAITING
+            )
+    for pool in looked:
+        pool.next_due_at = (
+            Demand.objects.delayed()
+            .filter(pool_id=pool.pk)
+            .order_by("enqueued_at")
+            .values_list("enqueued_at", flat=True)
+            .first()
+        )
+        Pool.objects.filter(pk=pool.pk).update(next_due_at=pool.next_due_at)
+        if pool.next_due_at is not None:
+            result.wake[pool.name] = pool.next_due_at
+
+
+def _note_due(pools: dict[str, Pool], names: Iterable[str], when: datetime) -> None:
+    """A delayed entry was put in these pools: bring their ``next_due_at`` forward."""
+    for name in names:
+        pool = pools[name]
+        if pool.next_due_at is None or when < pool.next_due_at:
+            pool.next_due_at = when
+            Pool.objects.filter(pk=pool.pk).update(next_due_at=when)
+
+
+def _expiry_reason(entry: QueueEntry) -> str:
+    """``expired`` when Celery's ``expires`` set the deadline, else ``queue_timeout``."""
+    expires = (entry.options or {}).get("expires")
+    if expires and entry.deadline is not None:
+        if entry.deadline >= datetime.fromisoformat(expires):
+            return EXPIRES
+    return QUEUE_TIMEOUT
+
+
+def _expire(entries: list[QueueEntry], now: datetime) -> list[Finished]:
+    """End waiting entries whose deadline passed, each with its reason."""
+    by_reason: dict[str, list[QueueEntry]] = {}
+    for entry in entries:
+        by_reason.setdefault(_expiry_reason(entry), []).append(entry)
+    finished: list[Finished] = []
+    for reason, group in by_reason.items():
+        finished += _finish_waiting(group, EntryState.EXPIRED, now, reason=reason)
+    return finished
 
 
 def _fits_everywhere(
@@ -380,9 +472,7 @@ def enqueue(sub: Submission) -> Enqueued:
     """
     now = timezone.now()
     spec = sub.spec
-    deadline = None
-    if spec.queue_timeout is not None:
-        deadline = max(now, sub.not_before or now) + timedelta(seconds=spec.queue_timeout)
+    deadline = _deadline(sub, now)
     if sqlpath.enabled(EventKind.ENQUEUED, EventKind.ADMITTED):
         return _enqueue_in_one_call(sub, now, deadline)
     with locked_pools(spec.demand) as pools:
@@ -397,8 +487,8 @@ def enqueue(sub: Submission) -> Enqueued:
         entry = QueueEntry.objects.create(
             key=sub.key,
             task_name=sub.task_name,
-            args=list(sub.args),
-            kwargs=dict(sub.kwargs),
+            args=_shown(sub.args),
+            kwargs=_shown(sub.kwargs),
             options=sub.options,
             demand=dict(spec.demand),
             priority=spec.priority,
@@ -410,18 +500,22 @@ def enqueue(sub: Submission) -> Enqueued:
             parent_id=sub.parent_id or "",
             attempt=sub.attempt,
         )
+        delayed = sub.not_before is not None and sub.not_before > now
         Demand.objects.bulk_create(
             Demand(
                 entry=entry,
                 pool=pools[name],
                 slots=slots,
+                state=DELAYED if delayed else EntryState.WAITING,
                 priority=spec.priority,
-                enqueued_at=now,
+                enqueued_at=sub.not_before if delayed and sub.not_before else now,
             )
             for name, slots in spec.demand.items()
         )
         events.record(EventKind.ENQUEUED, [entry], at=now)
-        step = _admit_locked(pools, now)
+        if delayed and sub.not_before is not None:
+            _note_due(pools, spec.demand, sub.not_before)
+        step = _admit_locked(pools, now)  # also schedules the wake-up of a delayed entry
         dispatch.after_commit(step.admissions, step.finished, step.wake)
     _follow_up(_still_needed(step, pools))
     return Enqueued(
@@ -431,16 +525,34 @@ def enqueue(sub: Submission) -> Enqueued:
     )
 
 
+def _shown(value: Any) -> Any:
+    """Arguments as stored for display: a repr string as it is, else list/dict data."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\\x00")  # PostgreSQL text holds no NUL character
+    return dict(value) if isinstance(value, dict) else list(value)
+
+
+def _deadline(sub: Submission, now: datetime) -> datetime | None:
+    """The earlier of the ``queue_timeout`` deadline (counted from when the entry is due)
+    and Celery's ``expires``."""
+    deadline = None
+    if sub.spec.queue_timeout is not None:
+        deadline = max(now, sub.not_before or now) + timedelta(seconds=sub.spec.queue_timeout)
+    if sub.expires is not None and (deadline is None or sub.expires < deadline):
+        deadline = sub.expires
+    return deadline
+
+
 def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
-    """:func:`enqueue` as one call of ``pools_enqueue_v1`` (PostgreSQL fast path)."""
+    """:func:`enqueue` as one call of ``pools_enqueue_v2`` (PostgreSQL fast path)."""
     spec = sub.spec
     rows = sqlpath.call(
-        "pools_enqueue_v1",
+        "pools_enqueue_v2",
         [
             sub.key,
             sub.task_name,
-            sqlpath.jsonb(list(sub.args)),
-            sqlpath.jsonb(dict(sub.kwargs)),
+            sqlpath.jsonb(_shown(sub.args)),
+            sqlpath.jsonb(_shown(sub.kwargs)),
             sqlpath.jsonb(sub.options),
             sqlpath.jsonb(dict(spec.demand)),
             spec.priority,
@@ -464,7 +576,10 @@ def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | No
             raise DemandExceedsCapacity(pool, entry_id, limit)
         raise PoolFull(pool, limit)
     admissions = _admissions_of(rows)
-    dispatch.after_commit(admissions, [])
+    wake: dict[str, datetime] = {}
+    if sub.not_before is not None and sub.not_before > now:
+        wake = dict.fromkeys(spec.demand, sub.not_before)
+    dispatch.after_commit(admissions, [], wake)
     admissions += _follow_up(_fallbacks_of(rows))
     return Enqueued(
         entry_id=entry_id,
@@ -474,7 +589,7 @@ def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | No
 
 
 def _admissions_of(rows: Sequence[tuple[Any, ...]]) -> list[Admission]:
-    """The ``admitted`` rows of a fast-path call (see ``pools/sql/admission_v1.sql``)."""
+    """The ``admitted`` rows of a fast-path call (see ``pools/sql/admission_v2.sql``)."""
     return [
         Admission(
             entry_id=row[1],
@@ -499,7 +614,7 @@ def _line_reaches(pool: Pool, count: int) -> bool:
     """True if the pool has at least ``count`` waiting entries (reads at most ``count`` rows)."""
     if count <= 0:
         return True
-    return Demand.objects.waiting().filter(pool_id=pool.pk).order_by()[count - 1 : count].exists()
+    return Demand.objects.queued().filter(pool_id=pool.pk).order_by()[count - 1 : count].exists()
 
 
 def settle(
@@ -538,10 +653,10 @@ def settle(
 def _settle_in_one_call(
     entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
 ) -> bool:
-    """:func:`settle` as one call of ``pools_settle_v1`` (PostgreSQL fast path)."""
+    """:func:`settle` as one call of ``pools_settle_v2`` (PostgreSQL fast path)."""
     settings = conf.get()
     rows = sqlpath.call(
-        "pools_settle_v1",
+        "pools_settle_v2",
         [
             entry_id,
             token,
@@ -646,7 +761,7 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
     for names, ids in groups.items():
         with locked_pools(names) as pools:
             entries = list(QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING))
-            finished = _finish_waiting(entries, EntryState.EXPIRED, now, reason="queue_timeout")
+            finished = _expire(entries, now)
             needs = _admit_in(pools, now, finished)
         _follow_up(needs)
         count += len(entries)

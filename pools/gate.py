@@ -14,16 +14,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
 from celery.app import base as celery_base
-from celery.utils import uuid
-from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from pools import conf
+from pools import conf, messages
 from pools.admission import Admission, Finished, Submission
 from pools.decorators import spec_of
 from pools.exceptions import PoolConfigurationError
@@ -41,10 +39,6 @@ ORIGIN_OPTION = "_pools_origin"
 #: The documented ``apply_async`` option for per-call pool overrides.
 CALL_OPTION = "pool_options"
 
-# Options that describe the local publish call, not the message: never stored.
-_LOCAL_OPTIONS = frozenset(
-    {"producer", "connection", "publisher", "router", "result_cls", "task_type", "add_to_parent"}
-)
 
 _original_send_task: Callable[..., Any] | None = None
 
@@ -136,71 +130,81 @@ def _submit(
     options: dict[str, Any],
     origin: str | None = None,
 ) -> Any:
+    """Let Celery build the message as it would publish it, and put it in line instead.
+
+    ``send_task`` runs unchanged (routing, headers, ``reply_to``, publish signals, the
+    app's serializer) with a :class:`~pools.messages.CapturingProducer`: its ``publish``
+    enqueues the message. A refusal (``PoolFull``, ``PoolUnavailable``, ...) is raised
+    from there, before ``after_task_publish``, just as a broker error would be.
+    """
+    assert _original_send_task is not None
+    options.pop(CLAIM_HEADER, None)
+    headers = options.get("headers")
+    if isinstance(headers, dict) and CLAIM_HEADER in headers:
+        options["headers"] = {k: v for k, v in headers.items() if k != CLAIM_HEADER}
+
+    def enqueue(message: messages.HeldMessage) -> None:
+        _enqueue_held(message, spec, origin)
+
+    connection = options.pop("connection", None)
+    given = options.pop("producer", None) or options.pop("publisher", None)
+    if given is None and connection is not None:
+        given = app.amqp.Producer(connection, auto_declare=False)
+    if given is not None:
+        capture = messages.CapturingProducer(given, enqueue)
+        return _original_send_task(app, name, args, kwargs, producer=capture, **options)
+    with app.producer_or_acquire(None) as real:
+        capture = messages.CapturingProducer(real, enqueue)
+        return _original_send_task(app, name, args, kwargs, producer=capture, **options)
+
+
+def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: str | None) -> None:
     from pools import admission
 
-    task_id = options.pop("task_id", None) or uuid()
-    result_cls = options.get("result_cls") or app.AsyncResult
-    add_to_parent = options.get("add_to_parent", True)
-    now = timezone.now()
-    not_before = _not_before(options.pop("eta", None), options.pop("countdown", None), now)
-    parent = app.current_worker_task
-    if parent is not None:
-        options.setdefault("root_id", parent.request.root_id or parent.request.id)
-        options.setdefault("parent_id", parent.request.id)
-    stored = _storable(name, options, now)
-    headers = stored.get("headers") or {}
+    headers = message.headers
     headers.pop(CLAIM_HEADER, None)
     if origin is None:
         origin = Origin.BEAT if headers.get("periodic_task_name") else Origin.CODE
+    args, kwargs = _display(message)
+    expires = message.header_time("expires")
+    stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
+    if expires is not None:
+        stored["expires"] = expires.isoformat()
     admission.enqueue(
         Submission(
-            key=task_id,
-            task_name=name,
+            key=message.task_id,
+            task_name=message.task_name,
             spec=spec,
-            args=_json(list(args or ()), name, "args"),
-            kwargs=_json(dict(kwargs or {}), name, "kwargs"),
+            args=args,
+            kwargs=kwargs,
             options=stored,
-            not_before=not_before,
+            not_before=message.header_time("eta"),
+            expires=expires,
             origin=origin,
-            root_id=stored.get("root_id") or "",
-            parent_id=stored.get("parent_id") or "",
-            attempt=int(stored.get("retries") or 0),
+            root_id=str(headers.get("root_id") or ""),
+            parent_id=str(headers.get("parent_id") or ""),
+            attempt=int(headers.get("retries") or 0),
         )
     )
-    result = result_cls(task_id)
-    if add_to_parent and parent is not None:
-        parent.add_trail(result)
-    return result
 
 
-def _not_before(eta: Any, countdown: Any, now: datetime) -> datetime | None:
-    if countdown:
-        return now + timedelta(seconds=float(countdown))
-    if isinstance(eta, str):
-        eta = datetime.fromisoformat(eta)
-    if isinstance(eta, datetime):
-        return eta if timezone.is_aware(eta) else timezone.make_aware(eta, UTC)
-    return None
-
-
-def _storable(name: str, options: dict[str, Any], now: datetime) -> dict[str, Any]:
-    stored = {k: v for k, v in options.items() if k not in _LOCAL_OPTIONS and v is not None}
-    expires = stored.get("expires")
-    if isinstance(expires, int | float):
-        # Relative expiry counts from the call, not from the later publish.
-        stored["expires"] = now + timedelta(seconds=expires)
-    result: dict[str, Any] = _json(stored, name, "options")
-    return result
-
-
-def _json(value: Any, name: str, what: str) -> Any:
-    try:
-        return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
-    except (TypeError, ValueError) as exc:
-        raise PoolConfigurationError(
-            f"Cannot hold a call of pooled task {name!r}: its {what} are not JSON-serializable "
-            f"({exc}). Pass plain data (ids, strings, numbers) to pooled tasks."
-        ) from exc
+def _display(message: messages.HeldMessage) -> tuple[Any, Any]:
+    """Arguments for the admin and the API: the call's own, or Celery's repr of them."""
+    headers = message.headers
+    plain_json = (
+        message.content_type == "application/json"
+        and "compression" not in headers
+        and b'"__type__"' not in message.body  # kombu-typed values (bytes, datetimes...)
+        and b"\\u0000" not in message.body  # PostgreSQL's jsonb holds no NUL character
+    )
+    if plain_json:
+        try:
+            args, kwargs, _ = json.loads(message.body)
+            json.dumps([args, kwargs])
+            return list(args), dict(kwargs)
+        except (TypeError, ValueError):
+            pass
+    return str(headers.get("argsrepr") or ""), str(headers.get("kwargsrepr") or "")
 
 
 class CeleryBridge:
@@ -210,28 +214,40 @@ class CeleryBridge:
         """Publish each held message with its claim header; requeue on broker failure."""
         from celery import current_app
 
+        if not admissions:
+            return
+        now = timezone.now()
+        with current_app.producer_or_acquire(None) as producer:
+            for adm in admissions:
+                try:
+                    self._publish_one(current_app, producer, adm, now)
+                except Exception as exc:
+                    self._publish_failed(adm, exc)
+
+    def _publish_one(self, app: Celery, producer: Any, adm: Admission, now: datetime) -> None:
+        claim = {CLAIM_HEADER: f"{adm.entry_id}:{adm.token}"}
+        held = messages.held_in(adm.options)
+        if held is not None:
+            messages.publish(producer, held, extra_headers=claim, queues=app.amqp.queues, now=now)
+            return
+        # An entry stored before messages were held whole: rebuild it with send_task.
+        assert _original_send_task is not None, "pools.gate.install() was not called"
+        options = dict(adm.options)
+        headers = {**(options.pop("headers", None) or {}), **claim}
+        _original_send_task(
+            app, adm.task_name, adm.args, adm.kwargs, task_id=adm.key, headers=headers, **options
+        )
+
+    def _publish_failed(self, adm: Admission, exc: Exception) -> None:
         from pools import admission as admission_service
 
-        assert _original_send_task is not None, "pools.gate.install() was not called"
-        for adm in admissions:
-            options = dict(adm.options)
-            headers = dict(options.pop("headers", None) or {})
-            headers[CLAIM_HEADER] = f"{adm.entry_id}:{adm.token}"
-            try:
-                _original_send_task(
-                    current_app,
-                    adm.task_name,
-                    adm.args,
-                    adm.kwargs,
-                    task_id=adm.key,
-                    headers=headers,
-                    **options,
-                )
-            except Exception as exc:
-                logger.exception("Publishing admitted entry %s failed; requeueing it", adm.entry_id)
-                admission_service.requeue(
-                    adm.entry_id, adm.token, reason=f"publish failed: {exc}"[:255], admit=False
-                )
+        logger.exception("Publishing admitted entry %s failed; requeueing it", adm.entry_id)
+        try:
+            admission_service.requeue(
+                adm.entry_id, adm.token, reason=f"publish failed: {exc}"[:255], admit=False
+            )
+        except Exception:
+            logger.exception("Could not requeue entry %s; its lease will lapse", adm.entry_id)
 
     def report_finished(self, finished: Sequence[Finished]) -> None:
         """Store a failure (expired) or revocation (cancelled) result for each entry."""

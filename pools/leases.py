@@ -36,7 +36,7 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     lease = conf.get().LEASE_SECONDS
     if sqlpath.enabled(EventKind.STARTED):
         rows = sqlpath.call(
-            "pools_start_v1", [entry_id, token, worker[:255], now, lease], what="starting a claim"
+            "pools_start_v2", [entry_id, token, worker[:255], now, lease], what="starting a claim"
         )
         if not rows:
             return None

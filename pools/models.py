@@ -31,6 +31,12 @@ class EntryState(models.TextChoices):
     RETRIED = "retried", _("retried")
 
 
+#: State of a :class:`Demand` row (not of an entry) whose entry waits for its ``not_before``:
+#: such an entry is not in line and blocks nothing until it is due.
+DELAYED = "delayed"
+#: Choices of ``Demand.state``: an entry's state, or ``delayed``.
+DEMAND_STATES = [*EntryState.choices, (DELAYED, _("delayed (not yet due)"))]
+
 #: States whose entries hold slots (the claim).
 HELD_STATES = (EntryState.ADMITTED, EntryState.RUNNING)
 #: States an entry never leaves.
@@ -80,6 +86,9 @@ class Pool(models.Model):
         help_text=_("A paused pool admits nothing; entries keep their place."),
     )
     description = models.TextField(_("description"), blank=True)
+    #: When the first delayed entry (``not_before`` ahead) of this pool is due, or earlier:
+    #: admission passes look for due entries only once it has passed (no query otherwise).
+    next_due_at = models.DateTimeField(_("next due at"), null=True, blank=True, editable=False)
     defined_in_settings = models.BooleanField(
         _("defined in settings"),
         default=False,
@@ -140,6 +149,10 @@ class QueueEntry(models.Model):
     class Meta:
         verbose_name = _("queue entry")
         verbose_name_plural = _("queue entries")
+        permissions = [
+            ("cancel_queueentry", _("Can cancel queue entries")),
+            ("start_job", _("Can start a periodic task now (manual start)")),
+        ]
         # Every state change of an entry is a new row version with an entry in each index
         # whose condition it meets: partial indexes keep that (and the WAL) small. Each one
         # serves range queries on its column, which imply the condition.
@@ -179,6 +192,8 @@ class Demand(models.Model):
 
     The head of a pool is the first row of ``(pool, state='waiting')`` in
     ``(-priority, enqueued_at, entry)`` order: one index range scan, whatever the queue length.
+    A row whose entry is not due yet (``not_before`` ahead) is ``delayed`` with its due
+    time as ``enqueued_at``: out of line until an admission pass finds it due.
     Held slots of a pool are the sum of ``slots`` over its rows in held states.
     """
 
@@ -188,8 +203,9 @@ class Demand(models.Model):
     )
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="demands", db_index=False)
     slots = models.PositiveIntegerField()
-    state = models.CharField(max_length=12, choices=EntryState.choices, default=EntryState.WAITING)
+    state = models.CharField(max_length=12, choices=DEMAND_STATES, default=EntryState.WAITING)
     priority = models.IntegerField(default=0)
+    #: When the entry joined the line: its enqueue time, or its due time (``not_before``).
     enqueued_at = models.DateTimeField()
 
     objects = DemandQuerySet.as_manager()
@@ -202,6 +218,12 @@ class Demand(models.Model):
             models.Index(
                 fields=["pool", "state", "-priority", "enqueued_at", "entry"],
                 name="pools_demand_line",
+            ),
+            # Delayed rows by due time: the next one to join the line, per pool.
+            models.Index(
+                fields=["pool", "enqueued_at"],
+                name="pools_demand_delayed",
+                condition=models.Q(state=DELAYED),
             ),
         ]
 

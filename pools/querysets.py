@@ -48,6 +48,18 @@ class DemandQuerySet(models.QuerySet[Any]):
         """Rows of entries in line."""
         return self.filter(state="waiting")
 
+    def delayed(self) -> DemandQuerySet:
+        """Rows of waiting entries that are not due yet (out of line)."""
+        return self.filter(state="delayed")
+
+    def queued(self) -> DemandQuerySet:
+        """Rows of every waiting entry, due or not (the backlog ``max_queued`` limits)."""
+        return self.filter(state__in=("waiting", "delayed"))
+
+    def due(self, pool_ids: list[int], now: datetime) -> DemandQuerySet:
+        """Delayed rows of these pools whose time has come (served by ``pools_demand_delayed``)."""
+        return self.filter(pool_id__in=pool_ids, state="delayed", enqueued_at__lte=now)
+
     def held(self) -> DemandQuerySet:
         """Rows of entries that hold their slots."""
         return self.filter(state__in=_HELD)

@@ -1,36 +1,58 @@
 """Celery results for entries that end without running, so nothing waits on them forever.
 
-An expired entry becomes a FAILURE carrying :class:`~pools.exceptions.QueueTimeout`; a
-cancelled one becomes REVOKED. Both call ``link_error`` callbacks and count as a failed
-part of a chord, the way a failing task would.
+An entry whose Celery ``expires`` passed while it waited ends as Celery ends an expired
+task: REVOKED with reason ``expired`` (a failed part of its chord). One whose
+``queue_timeout`` passed becomes a FAILURE carrying :class:`~pools.exceptions.QueueTimeout`;
+a cancelled one becomes REVOKED. Those two also call ``link_error`` callbacks and count
+as a failed part of a chord, the way a failing task would.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from celery import current_app
 from celery.app.task import Context
 from celery.exceptions import TaskRevokedError
 from celery.utils.functional import maybe_list
 
-from pools.admission import Finished
+from pools import messages
+from pools.admission import EXPIRES, Finished
 from pools.exceptions import QueueTimeout
 
 
 def _request(item: Finished) -> Context:
-    opts = item.options
+    """The request context Celery's worker would have built from the held message."""
+    held = messages.held_in(item.options)
+    if held is None:  # an entry stored before messages were held whole
+        opts: dict[str, Any] = dict(item.options)
+        embed: dict[str, Any] = {
+            "callbacks": opts.get("link"),
+            "errbacks": opts.get("link_error"),
+            "chord": opts.get("chord"),
+        }
+        headers: dict[str, Any] = {
+            "group": opts.get("group_id"),
+            "group_index": opts.get("group_index"),
+            "root_id": opts.get("root_id"),
+            "parent_id": opts.get("parent_id"),
+        }
+    else:
+        _, _, embed = held.decode(accept=current_app.conf.accept_content)
+        headers = held.headers
     return Context(
         id=item.key,
         task=item.task_name,
         args=[],
         kwargs={},
-        group=opts.get("group_id"),
-        group_index=opts.get("group_index"),
-        chord=opts.get("chord"),
+        group=headers.get("group"),
+        group_index=headers.get("group_index"),
+        chord=embed.get("chord"),
         # Like send_task: apply_async(link_error=sig) holds one signature, not a list.
-        callbacks=maybe_list(opts.get("link")),
-        errbacks=maybe_list(opts.get("link_error")),
-        root_id=opts.get("root_id"),
-        parent_id=opts.get("parent_id"),
+        callbacks=maybe_list(embed.get("callbacks")),
+        errbacks=maybe_list(embed.get("errbacks")),
+        root_id=headers.get("root_id"),
+        parent_id=headers.get("parent_id"),
         delivery_info={},
         headers={},
         ignore_result=False,
@@ -41,6 +63,9 @@ def report(item: Finished) -> None:
     """Store the outcome of one entry that ended while waiting."""
     backend = current_app.backend
     request = _request(item)
+    if item.state == "expired" and item.reason == EXPIRES:
+        backend.mark_as_revoked(item.key, "expired", request=request)
+        return
     if item.state == "expired":
         backend.mark_as_failure(item.key, QueueTimeout(item.pool, item.deadline), request=request)
         return

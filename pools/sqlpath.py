@@ -1,7 +1,7 @@
 """The PostgreSQL fast path: when it applies, and how its stored functions are called.
 
 Settle+admit and start each run as one call of a function created by migration 0002
-(``pools/sql/admission_v1.sql``): one round trip, so a pool's row lock is held for the
+(``pools/sql/admission_v2.sql``): one round trip, so a pool's row lock is held for the
 time the database needs, not for a dozen client round trips. The functions follow the
 rules of :mod:`pools.admission` and hand anything unusual (multi-pool heads, deadlines,
 ``not_before``) back to it. They are used when:

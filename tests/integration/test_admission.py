@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -99,16 +100,82 @@ def test_multi_pool__separate_pools_progress_independently(recorder):
     assert recorder.keys() == ["a1", "b1"]
 
 
-def test_not_before__future_head_blocks_its_pool(recorder):
-    make_pool("p", 2)
-    later = timezone.now() + timedelta(hours=1)
-    submit(key="eta", not_before=later)
-    submit(key="now")
-    assert recorder.keys() == [], "an ineligible head still blocks lower entries"
-    assert recorder.wakes == [], "a head an hour away is left to the sweep"
-    QueueEntry.objects.filter(key="eta").update(not_before=timezone.now() - timedelta(seconds=1))
-    admission.admit(["p"])
-    assert recorder.keys() == ["eta", "now"]
+def test_not_before__future_entry_is_out_of_line_and_blocks_nothing(recorder):
+    make_pool("p", 1)
+    submit(key="eta", not_before=timezone.now() + timedelta(hours=1), priority=9)
+    assert submit(key="now").admitted, "an entry not yet due blocks nothing behind it"
+    assert recorder.wakes == [], "an entry an hour away is left to the sweep"
+    assert Demand.objects.get(entry__key="eta").state == "delayed"
+    assert QueueEntry.objects.get(key="eta").state == EntryState.WAITING
+
+
+def test_not_before__due_entry_joins_line_as_if_sent_then(recorder):
+    make_pool("p", 1)
+    submit(key="run")
+    submit(key="early")
+    due = timezone.now() + timedelta(seconds=0.3)
+    submit(key="eta", not_before=due)
+    assert recorder.wakes == [(["p"], due)], "a timed wake-up for when it is due"
+    time.sleep(0.4)
+    submit(key="late")
+    order = ["run"]
+    for _ in range(3):
+        assert finish(recorder, order[-1])
+        order.append(recorder.keys()[-1])
+    assert order == ["run", "early", "eta", "late"]
+
+
+def test_not_before__due_entry_goes_by_priority_first(recorder):
+    make_pool("p", 1)
+    submit(key="run")
+    submit(key="low1")
+    submit(key="low2")
+    submit(key="urgent", priority=5, not_before=timezone.now() + timedelta(seconds=0.2))
+    time.sleep(0.3)
+    assert finish(recorder, "run")
+    assert recorder.keys()[-1] == "urgent"
+
+
+def test_not_before__wake_up_admits_a_due_entry_into_a_free_pool(recorder):
+    make_pool("p", 1)
+    submit(key="eta", not_before=timezone.now() + timedelta(seconds=0.2))
+    assert recorder.keys() == []
+    time.sleep(0.3)
+    admission.admit(["p"])  # what the wake-up task runs
+    assert recorder.keys() == ["eta"]
+
+
+def test_not_before__multi_pool_entry_joins_all_its_lines_at_once(recorder):
+    make_pool("a", 1)
+    make_pool("b", 1)
+    submit({"a": 1, "b": 1}, key="both", not_before=timezone.now() + timedelta(seconds=0.2))
+    time.sleep(0.3)
+    admission.admit(["a"])  # a pass over one of its pools follows up with the other
+    assert recorder.keys() == ["both"]
+    assert set(Demand.objects.filter(entry__key="both").values_list("state", flat=True)) == {
+        "admitted"
+    }
+
+
+def test_max_queued__counts_delayed_entries(recorder):
+    make_pool("p", 1, max_queued=1)
+    submit(key="run")
+    submit(key="later", not_before=timezone.now() + timedelta(hours=1))
+    with pytest.raises(PoolFull):
+        submit(key="more")
+
+
+def test_expires__passing_while_waiting_ends_the_entry_as_expired(recorder):
+    make_pool("p", 1)
+    submit(key="run")
+    gone = timezone.now() + timedelta(seconds=0.2)
+    submit(key="short", expires=gone, options={"expires": gone.isoformat()})
+    submit(key="patient", queue_timeout=0.2)
+    time.sleep(0.3)
+    assert finish(recorder, "run")
+    reasons = {f.key: f.reason for f in recorder.finished}
+    assert reasons == {"short": "expired", "patient": "queue_timeout"}
+    assert recorder.keys() == ["run"]
 
 
 def test_max_queued__refuses_with_message_and_keeps_queue(recorder):

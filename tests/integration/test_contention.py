@@ -140,13 +140,14 @@ def test_contention__never_oversubscribes_under_many_processes():
 
 
 def test_cancel__admits_a_multi_pool_head_behind_the_cancelled_one(recorder):
-    make_pool("a", 1)
+    make_pool("a", 2)
     make_pool("c", 1)
-    submit("a", key="eta", not_before=timezone.now() + timedelta(hours=1))  # blocks a
+    submit("a", key="holder")
+    submit("a", 2, key="big")  # the head of a: waits for both slots, blocks a
     submit({"a": 1, "c": 1}, key="multi")
-    assert recorder.keys() == []
-    admission.cancel("eta")
-    assert recorder.keys() == ["multi"], "pools a and c are idle: 'multi' must be admitted"
+    assert recorder.keys() == ["holder"]
+    admission.cancel("big")
+    assert recorder.keys() == ["holder", "multi"], "a and c have room: 'multi' must be admitted"
 
 
 def test_requeue__admits_a_multi_pool_head_behind_an_expired_one(recorder):

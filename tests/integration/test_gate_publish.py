@@ -8,7 +8,9 @@ import pytest
 from celery import signals
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import EncodeError
 
+from pools import messages
 from pools.exceptions import PoolConfigurationError, UnknownPool
 from pools.models import EntryState, QueueEntry
 from tests.conftest import POOL_APPS
@@ -18,9 +20,35 @@ from tests.testapp.tasks import add, record
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
 
+class Broker:
+    """The messages really on the (in-memory) broker, read back from the default queue."""
+
+    def __init__(self) -> None:
+        from tests.celery_app import app
+
+        self.app = app
+        self.seen: list[dict] = []
+
+    def drain(self) -> list[dict]:
+        with self.app.connection_for_read() as conn:
+            channel = conn.default_channel
+            while (message := channel.basic_get("celery", no_ack=True)) is not None:
+                self.seen.append(dict(message.headers or {}))
+        return self.seen
+
+
 @pytest.fixture
-def published():
-    """Headers of every message the gate really publishes."""
+def broker():
+    """What the gate really publishes (empty at the start of the test)."""
+    b = Broker()
+    b.drain()
+    b.seen.clear()
+    return b
+
+
+@pytest.fixture
+def publish_signals():
+    """Headers seen by ``before_task_publish`` (runs in the caller, as in plain Celery)."""
     seen: list[dict] = []
 
     def grab(sender=None, headers=None, **kwargs):
@@ -31,7 +59,7 @@ def published():
     signals.before_task_publish.disconnect(grab)
 
 
-def test_delay__creates_entry_with_task_id_and_publishes_with_claim(published):
+def test_delay__creates_entry_with_task_id_and_publishes_with_claim(broker, publish_signals):
     make_pool("warehouse", 1)
     first = add.delay(1, 2)
     second = add.delay(3, 4)
@@ -39,11 +67,14 @@ def test_delay__creates_entry_with_task_id_and_publishes_with_claim(published):
     e2 = QueueEntry.objects.get(key=second.id)
     assert (e1.state, e2.state) == (EntryState.ADMITTED, EntryState.WAITING)
     assert e2.args == [3, 4] and e2.task_name == add.name
+    published = broker.drain()
     assert [h.get("id") for h in published] == [first.id], "the waiting call is not published"
     assert published[0]["pools_claim"] == f"{e1.queue_id}:{e1.token}"
+    # The publish signal ran once per call, in the caller, as in plain Celery.
+    assert [h["id"] for h in publish_signals] == [first.id, second.id]
 
 
-def test_apply_async__pool_options_and_countdown(published):
+def test_apply_async__pool_options_and_countdown(broker):
     make_pool("warehouse", 1)
     before = timezone.now()
     result = record.apply_async(
@@ -54,8 +85,11 @@ def test_apply_async__pool_options_and_countdown(published):
     assert entry.not_before >= before + timedelta(seconds=59)
     assert entry.deadline >= entry.not_before + timedelta(seconds=29)
     assert entry.state == EntryState.WAITING, "an entry with a future ETA is not admitted yet"
-    assert "eta" not in entry.options and "countdown" not in entry.options
+    # The held message carries the ETA Celery computed, as the body will see it.
+    held = messages.held_in(entry.options)
+    assert held is not None and held.header_time("eta") == entry.not_before
     # The task itself is not published; a timed admission pass is, for when its ETA arrives.
+    published = broker.drain()
     assert [h["task"] for h in published] == ["pools.admit"]
     assert published[0]["eta"] is not None
 
@@ -77,7 +111,7 @@ def test_unknown_pool__raises_at_call(settings):
     assert QueueEntry.objects.count() == 0
 
 
-def test_tasks_setting__pools_a_task_known_only_by_name(settings, published):
+def test_tasks_setting__pools_a_task_known_only_by_name(settings):
     settings.POOLS = {**settings.POOLS, "TASKS": {"tests.by_name": {"pools": {"warehouse": 1}}}}
     from tests.celery_app import app
 
@@ -85,10 +119,22 @@ def test_tasks_setting__pools_a_task_known_only_by_name(settings, published):
     assert QueueEntry.objects.get(key=result.id).demand == {"warehouse": 1}
 
 
-def test_non_json_arguments__clear_error():
+def test_arguments__what_the_serializer_refuses_is_refused_in_the_caller():
     make_pool("warehouse", 1)
-    with pytest.raises(PoolConfigurationError, match="JSON-serializable"):
+    with pytest.raises(EncodeError, match="not JSON serializable"):
         add.delay(object(), 1)
+    assert QueueEntry.objects.count() == 0
+
+
+def test_arguments__bytes_are_held_as_celery_sends_them(broker):
+    make_pool("warehouse", 1)
+    add.delay(b"\x00raw", 1)
+    (entry,) = QueueEntry.objects.all()
+    held = messages.held_in(entry.options)
+    assert held is not None
+    args, kwargs, _ = held.decode(accept=["json"])
+    assert args == [b"\x00raw", 1] and kwargs == {}
+    assert [h["id"] for h in broker.drain()] == [entry.key]
 
 
 def test_delay_on_commit__enqueues_only_after_commit():
@@ -99,10 +145,10 @@ def test_delay_on_commit__enqueues_only_after_commit():
     assert QueueEntry.objects.get().args == [5, 6]
 
 
-def test_rolled_back_enqueue__leaves_nothing(published):
+def test_rolled_back_enqueue__leaves_nothing(broker):
     make_pool("warehouse", 1)
     with pytest.raises(RuntimeError), transaction.atomic():
         add.delay(1, 1)
         raise RuntimeError("boom")
     assert QueueEntry.objects.count() == 0
-    assert published == [], "no message for a claim that was rolled back"
+    assert broker.drain() == [], "no message for a claim that was rolled back"

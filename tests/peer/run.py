@@ -1,0 +1,416 @@
+"""Run Celery's own integration tests plain and pooled, and print the differences.
+
+    python -m tests.peer.run                      # full: canvas + tasks, plain / pooled-4 / pooled-1
+    python -m tests.peer.run --subset             # the bounded subset ``make test`` runs
+    python -m tests.peer.run --modes plain,pooled-1 -k chord
+
+Steps: fetch ``celery==<installed version>`` from the package index as an sdist
+(``pip download --no-binary :all: --no-deps``) and extract its ``t/`` tree into
+``.cache/peer/``; append :mod:`tests.peer.overrides` to its integration conftest (an
+external worker instead of the in-process one); then for each mode start one external
+prefork worker (:mod:`tests.peer.worker_app`) on Redis, run the suites with pytest, and
+stop it. Pooled modes put every task of the suite in one pool (``POOLS["TASKS"]``) of
+4 or 1 slots, on PostgreSQL. Tests that differ from the plain run are run again, alone,
+in both modes; a difference that holds is reported and makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "peer"
+SUITES = {"canvas": "t/integration/test_canvas.py", "tasks": "t/integration/test_tasks.py"}
+MODES = {"plain": 0, "pooled-4": 4, "pooled-1": 1}
+BROKER = os.environ.get("POOLS_PEER_BROKER", "redis://127.0.0.1:6379/8")
+# Celery's suite reads chord keys from Redis db 0 itself (get_redis_connection): the
+# result backend must be there.
+BACKEND = os.environ.get("POOLS_PEER_BACKEND", "redis://127.0.0.1:6379/0")
+MARKER = "# --- django-celery-pools peer harness ---"
+
+#: What ``make test`` runs: the cases behind the defects this harness found, and a
+#: spread of chains, groups, chords, retries, ETAs and expiry (about 10 minutes here).
+SUBSET = {
+    "canvas": [
+        "test_chord_on_error",
+        "test_simple_chord",
+        "test_group_chain",
+        "test_chain_error_handler_with_eta",
+        "test_chain_with_eb_replaced_with_chain_with_eb",
+        "test_nested_group_chain",
+        "test_chord_header_task_replaced_with_chain",
+        "test_redis_subscribed_channels_leak",
+        "test_add_to_chord",
+        "test_eager_chord_inside_task",
+        "test_parent_ids",
+        "test_chain_child_replaced_with_chain_last",
+        "test_chord_order",
+    ],
+    "tasks": [
+        "test_task_accepted",
+        "test_task_retried_once",
+        "test_task_retried",
+        "test_countdown",
+        "test_eta",
+        "test_expired",
+        "test_ignore_result",
+        "test_properties",
+        "test_class_based_task_retried",
+        "test_task_forced_retry",
+        "test_retry_with_unpickleable_exception",
+    ],
+}
+
+
+@dataclass
+class Run:
+    mode: str
+    outcomes: dict[str, str]
+    seconds: float
+
+
+def celery_version() -> str:
+    return metadata.version("celery")
+
+
+def fetch_suite(version: str) -> Path:
+    """Extract ``t/`` (and Celery's pytest configuration) of the sdist into the cache."""
+    target = CACHE / f"celery-{version}"
+    if (target / "t" / "integration" / "test_canvas.py").exists():
+        return target
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                f"celery=={version}",
+                "-d",
+                tmp,
+            ],
+            check=True,
+        )
+        (sdist,) = Path(tmp).glob("celery-*.tar.gz")
+        prefix = f"celery-{version}/"
+        with tarfile.open(sdist) as tar:
+            members = [
+                m
+                for m in tar.getmembers()
+                if m.name.startswith(prefix + "t/") or m.name == prefix + "pyproject.toml"
+            ]
+            tar.extractall(CACHE, members=members, filter="data")
+    return target
+
+
+def patch_conftest(root: Path) -> None:
+    """Append the overrides (external worker, pools set-up) to the suite's conftest once."""
+    conftest = root / "t" / "integration" / "conftest.py"
+    text = conftest.read_text()
+    if MARKER not in text:
+        conftest.write_text(
+            f"{text}\n\n{MARKER}\nfrom tests.peer.overrides import celery_session_worker  # noqa\n"
+        )
+
+
+def env_for(root: Path, mode: str, tasks_file: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(
+        PYTHONPATH=f"{root}{os.pathsep}{ROOT}",
+        TEST_BROKER=BROKER,
+        TEST_BACKEND=BACKEND,
+        REDIS_HOST="127.0.0.1",
+        POOLS_PEER_MODE=mode,
+        POOLS_PEER_SLOTS=str(MODES[mode] or 1),
+        POOLS_PEER_TASKS=str(tasks_file),
+    )
+    if mode != "plain":
+        env["DJANGO_SETTINGS_MODULE"] = "tests.peer.settings"
+    return env
+
+
+def list_tasks(root: Path, out: Path) -> list[str]:
+    """Every task name of the suite (written to ``out`` for :mod:`tests.peer.settings`)."""
+    code = (
+        "import json, sys; from celery import Celery; app = Celery(set_as_current=False); "
+        "import t.integration.tasks as m; app.register_task(m.ClassBasedAutoRetryTask); "
+        "app.finalize(auto=True); "
+        "print(json.dumps(sorted(n for n in app.tasks if not n.startswith('celery.'))))"
+    )
+    env = env_for(root, "plain", out)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, check=True, capture_output=True, text=True
+    )
+    names: list[str] = json.loads(done.stdout)
+    out.write_text(json.dumps(names))
+    return names
+
+
+def python_in(env: dict[str, str], root: Path, code: str) -> None:
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True)
+
+
+def reset_database(root: Path, env: dict[str, str]) -> None:
+    """Create and migrate the peer database, empty the pools tables, set the pool's slots."""
+    python_in(
+        env,
+        root,
+        "import psycopg, os\n"
+        "name = os.environ.get('POOLS_PEER_DB', 'pools_peer')\n"
+        "with psycopg.connect('host=127.0.0.1 user=postgres dbname=postgres', autocommit=True) as c:\n"
+        "    if not c.execute('SELECT 1 FROM pg_database WHERE datname = %s', [name]).fetchone():\n"
+        "        c.execute(f'CREATE DATABASE {name}')\n",
+    )
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "-v", "0"], env=env, cwd=root, check=True
+    )
+    python_in(
+        env,
+        root,
+        "import django; django.setup()\n"
+        "from django.db import connection\n"
+        "with connection.cursor() as c:\n"
+        "    c.execute('TRUNCATE pools_demand, pools_queueentry, pools_poolevent, pools_pool "
+        "RESTART IDENTITY CASCADE')\n"
+        "from pools import definitions; definitions.sync()\n",
+    )
+
+
+def flush_redis() -> None:
+    import redis
+
+    for url in (BROKER, BACKEND):
+        redis.Redis.from_url(url).flushdb()
+
+
+def start_worker(root: Path, env: dict[str, str], mode: str, concurrency: int, log: Path):
+    handle = log.open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.peer.worker_app",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-l",
+            "info",
+            "-n",
+            f"peer-{mode}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        env=env,
+        cwd=root,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the {mode} worker exited at start; see {log}")
+        if b" ready." in log.read_bytes():
+            return proc, handle
+        time.sleep(0.5)
+    stop_worker(proc, handle)
+    raise SystemExit(f"the {mode} worker did not become ready in 90 s; see {log}")
+
+
+def stop_worker(proc: subprocess.Popen[bytes], handle) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    handle.close()
+
+
+def parse_junit(path: Path) -> dict[str, str]:
+    outcomes: dict[str, str] = {}
+    if not path.exists():
+        return outcomes
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped":
+                outcome = "xfailed" if "xfail" in (child.get("type") or "") else "skipped"
+        outcomes[name] = outcome
+    return outcomes
+
+
+def run_mode(
+    root: Path,
+    mode: str,
+    files: list[str],
+    selection: str | None,
+    args: argparse.Namespace,
+    tasks_file: Path,
+    tag: str,
+) -> Run:
+    env = env_for(root, mode, tasks_file)
+    out = CACHE / "runs"
+    out.mkdir(parents=True, exist_ok=True)
+    if mode != "plain":
+        reset_database(root, env)
+    flush_redis()
+    log = out / f"{tag}-{mode}-worker.log"
+    proc, handle = start_worker(root, env, mode, args.concurrency, log)
+    junit = out / f"{tag}-{mode}.xml"
+    junit.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:django",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:rerunfailures",
+        "-p",
+        "celery.contrib.pytest",
+        "-c",
+        str(root / "pyproject.toml"),
+        "--rootdir",
+        str(root),
+        "-o",
+        "addopts=--strict-markers",
+        "--timeout",
+        str(args.timeout),
+        "-q",
+        "-rN",
+        f"--junitxml={junit}",
+        *files,
+    ]
+    if selection:
+        cmd += ["-k", selection]
+    started = time.monotonic()
+    print(f"== {mode}: {' '.join(files)}{f' -k {selection!r}' if selection else ''}", flush=True)
+    try:
+        with (out / f"{tag}-{mode}-pytest.log").open("wb") as plog:
+            subprocess.run(cmd, env=env, cwd=root, stdout=plog, stderr=subprocess.STDOUT)
+    finally:
+        stop_worker(proc, handle)
+    seconds = time.monotonic() - started
+    outcomes = parse_junit(junit)
+    counts = {
+        k: sum(1 for v in outcomes.values() if v == k) for k in sorted(set(outcomes.values()))
+    }
+    print(f"   {mode}: {counts} in {seconds:.0f} s", flush=True)
+    return Run(mode, outcomes, seconds)
+
+
+def differences(plain: Run, other: Run) -> dict[str, tuple[str, str]]:
+    return {
+        name: (plain.outcomes.get(name, "absent"), outcome)
+        for name, outcome in other.outcomes.items()
+        if outcome != plain.outcomes.get(name, "absent")
+    } | {
+        name: (outcome, "absent")
+        for name, outcome in plain.outcomes.items()
+        if name not in other.outcomes
+    }
+
+
+def selection_of(names: list[str]) -> str:
+    return " or ".join(sorted({n.split("::")[-1].split("[")[0] for n in names}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suites", default="canvas,tasks")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--subset", action="store_true", help="the bounded subset of make test")
+    parser.add_argument("-k", dest="selection", default=None)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--timeout", type=int, default=120, help="seconds per test")
+    parser.add_argument("--no-confirm", action="store_true")
+    args = parser.parse_args(argv)
+    suites = args.suites.split(",")
+    modes = args.modes.split(",")
+    if "plain" not in modes:
+        modes.insert(0, "plain")
+    selection = args.selection
+    if args.subset and not selection:
+        selection = " or ".join(name for s in suites for name in SUBSET[s])
+    files = [SUITES[s] for s in suites]
+
+    version = celery_version()
+    root = fetch_suite(version)
+    patch_conftest(root)
+    tasks_file = CACHE / "tasks.json"
+    names = list_tasks(root, tasks_file)
+    print(f"Celery {version}: {', '.join(files)}; {len(names)} tasks pooled in pooled modes")
+    tag = "subset" if args.subset else "full"
+    runs = {mode: run_mode(root, mode, files, selection, args, tasks_file, tag) for mode in modes}
+
+    plain = runs["plain"]
+    failing_plain = sorted(n for n, o in plain.outcomes.items() if o == "failed")
+    report: dict[str, object] = {
+        "celery": version,
+        "suites": files,
+        "selection": selection,
+        "runs": {m: {"seconds": round(r.seconds), "outcomes": r.outcomes} for m, r in runs.items()},
+        "differences": {},
+    }
+    status = 0
+    for mode, run in runs.items():
+        if mode == "plain":
+            continue
+        diff = differences(plain, run)
+        if diff and not args.no_confirm:
+            # Run the differing tests again, alone, in both modes: keep what holds.
+            again = selection_of(list(diff))
+            print(f"   re-running {len(diff)} differing test(s) of {mode} in both modes")
+            plain2 = run_mode(root, "plain", files, again, args, tasks_file, "confirm")
+            mode2 = run_mode(root, mode, files, again, args, tasks_file, "confirm")
+            diff = {
+                n: d
+                for n, d in diff.items()
+                if n in mode2.outcomes and plain2.outcomes.get(n) != mode2.outcomes.get(n)
+            }
+        report["differences"][mode] = diff  # type: ignore[index]
+        print(f"\n{mode} vs plain: {len(diff)} difference(s)")
+        for name, (p, o) in sorted(diff.items()):
+            print(f"   {name}: plain {p}, {mode} {o}")
+            if o != "passed" and not (p == "failed"):
+                status = 1
+    print(f"\nFailing on plain Celery with an external worker ({len(failing_plain)}), excluded:")
+    for name in failing_plain:
+        print(f"   {name}")
+    (CACHE / f"report-{tag}.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    print(f"\nreport: {CACHE / f'report-{tag}.json'}; logs: {CACHE / 'runs'}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
