@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo test test-sqlite test-postgres test-browser browsers lint docs services clean
+.PHONY: install demo test test-sqlite test-postgres test-browser test-peer peer-full browsers lint docs services clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,7 +53,16 @@ test-browser: install services browsers
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
 	$(BIN)/pytest -q tests/browser
 
-test: browsers lint docs test-sqlite test-postgres test-browser
+# Celery's own integration suite, plain and with every task pooled (4-slot and 1-slot
+# pool), on an external prefork worker; the bounded subset (~10 min). Any difference fails.
+test-peer: install services
+	$(BIN)/python -m tests.peer.run --subset
+
+# The whole comparison (test_canvas.py + test_tasks.py, ~1 h); results in docs/peer-suite.md.
+peer-full: install services
+	$(BIN)/python -m tests.peer.run
+
+test: browsers lint docs test-sqlite test-postgres test-browser test-peer
 
 clean:
 	rm -rf $(VENV) .site .pytest_cache

@@ -136,6 +136,30 @@ class HeldMessage:
         return args, kwargs, embed or {}
 
 
+def copy_for(message: HeldMessage, task_id: str, args: Any, kwargs: Any = None) -> HeldMessage:
+    """The same call under another task id with other arguments (bulk copies, benchmarks)."""
+    from dataclasses import replace
+
+    from kombu.serialization import registry  # type: ignore[attr-defined]
+
+    _, old_kwargs, embed = message.decode()
+    serializer = registry.type_to_name[message.content_type]
+    body: Any
+    _, encoding, body = serialize(
+        (list(args), old_kwargs if kwargs is None else kwargs, embed), serializer=serializer
+    )
+    if isinstance(body, str):
+        body = body.encode(encoding)
+    headers = dict(message.headers)
+    if headers.get("compression"):
+        body, headers["compression"] = compress(body, headers["compression"])
+    if headers.get("root_id") == headers.get("id"):
+        headers["root_id"] = task_id
+    headers.update(id=task_id, argsrepr=repr(tuple(args)))
+    properties = {**message.properties, "correlation_id": task_id}
+    return replace(message, body=body, headers=headers, properties=properties)
+
+
 def held_in(options: Mapping[str, Any] | None) -> HeldMessage | None:
     """The held message stored in an entry's ``options`` (None for entries from before it)."""
     data = (options or {}).get(OPTION_KEY)

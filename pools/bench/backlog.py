@@ -21,7 +21,7 @@ from celery.utils import uuid
 from django.db import connection, transaction
 from django.utils import timezone
 
-from pools import admission
+from pools import admission, messages
 from pools.bench.progress import Progress
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
 
@@ -127,10 +127,11 @@ def copy_entries(
         new_keys = [uuid() for _ in chunk]
         args = [args_for(j) for j in chunk]
         priorities = [priority_for(j) if priority_for else template.priority for j in chunk]
+        options = [_options_for(template, key, a) for key, a in zip(new_keys, args, strict=True)]
         if fast:
-            _copy_sql(template, new_keys, args, priorities)
+            _copy_sql(template, new_keys, args, priorities, options)
         else:
-            _copy_orm(template, new_keys, args, priorities)
+            _copy_orm(template, new_keys, args, priorities, options)
         keys.extend(new_keys)
         if progress is not None:
             progress.update(len(keys))
@@ -197,8 +198,21 @@ def settle_tables(*, checkpoint: bool = True) -> None:
             cursor.execute("CHECKPOINT")
 
 
+def _options_for(template: QueueEntry, key: str, args: list[Any]) -> dict[str, Any]:
+    """The template's held message re-addressed: its own task id and arguments."""
+    held = messages.held_in(template.options)
+    if held is None:
+        return dict(template.options)
+    copied = messages.copy_for(held, key, args)
+    return {**template.options, messages.OPTION_KEY: copied.to_json()}
+
+
 def _copy_orm(
-    template: QueueEntry, keys: list[str], args: list[list[Any]], priorities: list[int]
+    template: QueueEntry,
+    keys: list[str],
+    args: list[list[Any]],
+    priorities: list[int],
+    options: list[dict[str, Any]],
 ) -> None:
     demands = list(Demand.objects.filter(entry=template).values("pool_id", "slots"))
     logged = PoolEvent.objects.filter(entry_id=template.queue_id, kind=EventKind.ENQUEUED)
@@ -210,7 +224,7 @@ def _copy_orm(
             task_name=template.task_name,
             args=a,
             kwargs=template.kwargs,
-            options=template.options,
+            options=opts,
             demand=template.demand,
             state=EntryState.WAITING,
             priority=priority,
@@ -219,7 +233,7 @@ def _copy_orm(
             root_id=template.root_id,
             parent_id=template.parent_id,
         )
-        for key, a, priority in zip(keys, args, priorities, strict=True)
+        for key, a, priority, opts in zip(keys, args, priorities, options, strict=True)
     ]
     with transaction.atomic():
         QueueEntry.objects.bulk_create(entries)
@@ -250,7 +264,11 @@ def _columns(model: Any, overrides: dict[str, str], alias: str) -> tuple[str, st
 
 
 def _copy_sql(
-    template: QueueEntry, keys: list[str], args: list[list[Any]], priorities: list[int]
+    template: QueueEntry,
+    keys: list[str],
+    args: list[list[Any]],
+    priorities: list[int],
+    options: list[dict[str, Any]],
 ) -> None:
     """One statement: the entries, their demand rows and ``enqueued`` events, from the template's."""
     qn = connection.ops.quote_name
@@ -259,6 +277,7 @@ def _copy_sql(
         {
             "key": "src.key",
             "args": "src.args::jsonb",
+            "options": "src.options::jsonb",
             "priority": "src.priority",
             "state": "%(waiting)s",
             "enqueued_at": "%(now)s",
@@ -281,8 +300,9 @@ def _copy_sql(
     entries, demands, events = (qn(m._meta.db_table) for m in (QueueEntry, Demand, PoolEvent))
     sql = f"""
         WITH src AS (
-            SELECT * FROM unnest(%(keys)s::text[], %(args)s::text[], %(priorities)s::int[])
-                WITH ORDINALITY AS s(key, args, priority, n)
+            SELECT * FROM unnest(%(keys)s::text[], %(args)s::text[], %(priorities)s::int[],
+                                 %(options)s::text[])
+                WITH ORDINALITY AS s(key, args, priority, options, n)
         ), new AS (
             INSERT INTO {entries} ({entry_cols})
             SELECT {entry_select} FROM src CROSS JOIN {entries} t
@@ -305,6 +325,7 @@ def _copy_sql(
     params: dict[str, Any] = {
         "keys": keys,
         "args": [json.dumps(a, cls=encoder) for a in args],
+        "options": [json.dumps(o, cls=encoder) for o in options],
         "priorities": priorities,
         "waiting": EntryState.WAITING.value,
         "now": timezone.now(),

@@ -81,3 +81,29 @@ def noted(path: str, x: int, y: int) -> int:
     with open(path, "a") as out:
         out.write(json.dumps({"pid": os.getpid(), "token": claim.token if claim else None}) + "\n")
     return x + y
+
+
+@shared_task
+@pooled("partner-api")
+def echo_request(value: object) -> dict:
+    """Return what the body received and the request fields plain Celery would give it."""
+    request = current_task.request
+    return {
+        "value": repr(value),
+        "type": type(value).__name__,
+        "eta": request.eta,
+        "expires": request.expires,
+        "retries": request.retries,
+        "root_id": request.root_id,
+        "parent_id": request.parent_id,
+        "reply_to": request.reply_to,
+        "correlation_id": request.correlation_id,
+        "stamped": (request.headers or {}).get("custom_header"),
+    }
+
+
+@shared_task
+@pooled("partner-api")
+def stamp_time() -> float:
+    """When the body ran (the 1-slot partner-api pool: one at a time)."""
+    return time.time()

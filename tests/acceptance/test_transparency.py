@@ -1,0 +1,73 @@
+"""Pooling changes nothing but the concurrency: what plain Celery does, a pooled task does.
+
+Real prefork workers on Redis against PostgreSQL. Each test names the plain-Celery
+behaviour it checks; Celery's own suites are compared in full by ``tests/peer``.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+from celery.exceptions import TaskRevokedError
+
+from pools.models import EntryState, QueueEntry
+from tests.acceptance.conftest import WORKER_TEST_MARKS
+from tests.testapp.tasks import echo_request, stamp_time
+
+pytestmark = WORKER_TEST_MARKS
+
+TIMEOUT = 60
+
+
+@pytest.fixture
+def worker(celery_workers):
+    return celery_workers(count=1, concurrency=2)
+
+
+def test_countdown__a_delayed_call_does_not_hold_up_calls_sent_after_it(worker):
+    # partner-api has 1 slot. Plain Celery runs the five later calls at once; so must we.
+    delayed = stamp_time.apply_async(countdown=8)
+    sent = time.time()
+    later = [stamp_time.delay() for _ in range(5)]
+    ran = [r.get(timeout=TIMEOUT) for r in later]
+    assert max(ran) - sent < 6, "the calls behind a countdown ran before it was due"
+    assert delayed.get(timeout=TIMEOUT) >= sent + 8 - 0.5, "and the countdown was kept"
+
+
+def test_request__the_body_sees_eta_expires_and_ids_as_plain_celery_sets_them(worker):
+    before = datetime.now(UTC)
+    result = echo_request.apply_async(
+        ("x",), countdown=1, expires=600, headers={"custom_header": "kept"}
+    )
+    seen = result.get(timeout=TIMEOUT)
+    eta = datetime.fromisoformat(seen["eta"])
+    assert 0.5 < (eta - before).total_seconds() < 5, "request.eta is the ETA of the call"
+    assert seen["expires"] is not None
+    assert seen["retries"] == 0
+    assert seen["root_id"] == result.id and seen["parent_id"] is None
+    assert seen["correlation_id"] == result.id
+    assert seen["reply_to"], "reply_to is the caller's, as Celery sets it"
+    assert seen["stamped"] == "kept"
+
+
+def test_arguments__bytes_arrive_unchanged(worker):
+    seen = echo_request.delay(b"\x00\xffraw").get(timeout=TIMEOUT)
+    assert (seen["type"], seen["value"]) == ("bytes", repr(b"\x00\xffraw"))
+
+
+def test_expires__passing_while_waiting_revokes_it_as_celery_does(worker):
+    from pools import admission, definitions
+
+    definitions.set_paused("partner-api", True)  # keeps the call waiting past its expiry
+    try:
+        short = echo_request.apply_async(("late",), expires=0.5)
+        time.sleep(1)
+        assert admission.expire_due(datetime.now(UTC)) == 1  # what the sweep runs
+        entry = QueueEntry.objects.get(key=short.id)
+        assert (entry.state, entry.reason) == (EntryState.EXPIRED, "expired")
+        with pytest.raises(TaskRevokedError, match="expired"):
+            short.get(timeout=TIMEOUT)
+    finally:
+        definitions.set_paused("partner-api", False)
