@@ -74,3 +74,41 @@ class DemandQuerySet(models.QuerySet[Any]):
         """Slots held in one pool, summed from holding rows."""
         total = self.filter(pool_id=pool_id, state__in=_HELD).aggregate(n=models.Sum("slots"))["n"]
         return int(total or 0)
+
+
+# --------------------------------------------------------------------------- per-pool figures
+# Correlated subqueries for annotating pool lists: one query, whatever the number of pools.
+
+
+def held_slots_expr() -> Any:
+    """``Pool`` annotation: slots held by admitted and running entries (0 when none)."""
+    from django.db.models import IntegerField, OuterRef, Subquery, Sum
+    from django.db.models.functions import Coalesce
+
+    from pools.models import Demand
+
+    held = (
+        Demand.objects.filter(pool_id=OuterRef("pk"), state__in=_HELD)
+        .order_by()
+        .values("pool_id")
+        .annotate(n=Sum("slots"))
+        .values("n")
+    )
+    return Coalesce(Subquery(held, output_field=IntegerField()), 0)
+
+
+def waiting_count_expr() -> Any:
+    """``Pool`` annotation: entries in line (due waiting entries; 0 when none)."""
+    from django.db.models import Count, IntegerField, OuterRef, Subquery
+    from django.db.models.functions import Coalesce
+
+    from pools.models import Demand
+
+    waiting = (
+        Demand.objects.filter(pool_id=OuterRef("pk"), state="waiting")
+        .order_by()
+        .values("pool_id")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(waiting, output_field=IntegerField()), 0)

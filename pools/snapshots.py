@@ -23,14 +23,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from pools import explain
 from pools.exceptions import UnknownPool
 from pools.explain import PoolView
-from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+from pools.models import TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+from pools.querysets import held_slots_expr
 
 #: Demand states of unfinished entries, counted per pool (``delayed``: not due yet).
 ACTIVE_STATES = ("waiting", "delayed", "admitted", "running")
@@ -221,13 +221,6 @@ def _other_gates(names: Iterable[str], known: dict[str, _Gate]) -> dict[str, _Ga
     missing = sorted(set(names) - set(known))
     if not missing:
         return known
-    held = (
-        Demand.objects.filter(pool_id=OuterRef("pk"), state__in=HELD_STATES)
-        .order_by()
-        .values("pool_id")
-        .annotate(n=Sum("slots"))
-        .values("n")
-    )
     first = (
         Demand.objects.filter(pool_id=OuterRef("pk"), state=EntryState.WAITING)
         .order_by("-priority", "enqueued_at", "entry_id")
@@ -235,7 +228,7 @@ def _other_gates(names: Iterable[str], known: dict[str, _Gate]) -> dict[str, _Ga
     )
     out = dict(known)
     for p in Pool.objects.filter(name__in=missing).annotate(
-        _held=Coalesce(Subquery(held, output_field=IntegerField()), 0), _first=Subquery(first)
+        _held=held_slots_expr(), _first=Subquery(first)
     ):
         out[p.name] = _Gate(
             name=p.name,

@@ -13,15 +13,15 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db import DatabaseError
-from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from pools import admission, definitions
 from pools.exceptions import PoolError, PoolRefused, PoolUnavailable
-from pools.models import HELD_STATES, Demand, EntryState, Pool, PoolEvent, QueueEntry, WorkerNode
+from pools.models import HELD_STATES, EntryState, Pool, PoolEvent, QueueEntry, WorkerNode
+from pools.querysets import held_slots_expr, waiting_count_expr
 from pools_admin import views, why
 
 
@@ -53,27 +53,10 @@ class PoolAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Pool]:
         # Held and waiting as correlated subqueries: one query for the whole list.
-        held = (
-            Demand.objects.filter(pool=OuterRef("pk"), state__in=HELD_STATES)
-            .order_by()
-            .values("pool")
-            .annotate(n=Sum("slots"))
-            .values("n")
-        )
-        waiting = (
-            Demand.objects.filter(pool=OuterRef("pk"), state=EntryState.WAITING)
-            .order_by()
-            .values("pool")
-            .annotate(n=Count("pk"))
-            .values("n")
-        )
         return (
             super()
             .get_queryset(request)
-            .annotate(
-                held_slots=Coalesce(Subquery(held, output_field=IntegerField()), 0),
-                waiting_count=Coalesce(Subquery(waiting, output_field=IntegerField()), 0),
-            )
+            .annotate(held_slots=held_slots_expr(), waiting_count=waiting_count_expr())
         )
 
     @admin.display(description="capacity", ordering="slots")

@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Sum, Window
-from django.db.models.functions import Coalesce, RowNumber
+from django.db.models import F, OuterRef, Subquery, Window
+from django.db.models.functions import RowNumber
 
-from pools.models import HELD_STATES, Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.querysets import held_slots_expr, waiting_count_expr
 
 #: Waiting entries shown per pool (the head of its line).
 HEAD = 3
@@ -86,20 +87,6 @@ class PoolRow:
 
 
 def _pools_query() -> list[Pool]:
-    held = (
-        Demand.objects.filter(pool=OuterRef("pk"), state__in=HELD_STATES)
-        .order_by()
-        .values("pool")
-        .annotate(n=Sum("slots"))
-        .values("n")
-    )
-    waiting = (
-        Demand.objects.filter(pool=OuterRef("pk"), state=EntryState.WAITING)
-        .order_by()
-        .values("pool")
-        .annotate(n=Count("pk"))
-        .values("n")
-    )
     deadline = (
         QueueEntry.objects.waiting()
         .filter(deadline__isnull=False, demands__pool=OuterRef("pk"))
@@ -108,8 +95,8 @@ def _pools_query() -> list[Pool]:
     )
     return list(
         Pool.objects.order_by("name").annotate(
-            held_slots=Coalesce(Subquery(held, output_field=IntegerField()), 0),
-            waiting_count=Coalesce(Subquery(waiting, output_field=IntegerField()), 0),
+            held_slots=held_slots_expr(),
+            waiting_count=waiting_count_expr(),
             nearest_deadline=Subquery(deadline),
         )
     )
