@@ -137,6 +137,37 @@ def test_arguments__bytes_are_held_as_celery_sends_them(broker):
     assert [h["id"] for h in broker.drain()] == [entry.key]
 
 
+@pytest.mark.parametrize(
+    ("serializer", "compression", "value"),
+    [
+        ("json", None, {"when": "2026-12-03", "raw": b"\x01"}),
+        ("pickle", None, {1, 2, 3}),  # a set: pickle carries what JSON cannot
+        ("yaml", None, {"nested": [1, {"a": None}]}),
+        ("json", "zlib", "x" * 500),
+    ],
+)
+def test_arguments__held_with_the_serializer_and_compression_celery_uses(
+    broker, serializer, compression, value
+):
+    make_pool("warehouse", 1)
+    result = record.apply_async((value,), serializer=serializer, compression=compression)
+    entry = QueueEntry.objects.get(key=result.id)
+    held = messages.held_in(entry.options)
+    assert held is not None
+    assert held.content_type == {
+        "json": "application/json",
+        "pickle": "application/x-python-serialize",
+        "yaml": "application/x-yaml",
+    }[serializer]
+    assert held.headers.get("compression") == (
+        "application/x-gzip" if compression == "zlib" else None
+    )
+    args, _, _ = held.decode(accept=[serializer])
+    assert args[0] == value
+    (published,) = broker.drain()
+    assert published["id"] == result.id
+
+
 def test_delay_on_commit__enqueues_only_after_commit():
     make_pool("warehouse", 1)
     with transaction.atomic():
