@@ -14,7 +14,7 @@ from celery.exceptions import TaskRevokedError
 
 from pools.models import EntryState, QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS
-from tests.testapp.tasks import echo_request, stamp_time
+from tests.testapp.tasks import echo_request, spawn_children, stamp_time
 
 pytestmark = WORKER_TEST_MARKS
 
@@ -71,3 +71,13 @@ def test_expires__passing_while_waiting_revokes_it_as_celery_does(worker):
             short.get(timeout=TIMEOUT)
     finally:
         definitions.set_paused("partner-api", False)
+
+
+def test_children__a_body_that_calls_pooled_tasks_gets_exactly_their_results(worker):
+    # A call admitted at once from inside a body is published by the gate; the publish
+    # must not add a second result to the calling task's children (it broke Celery's
+    # test_chord_on_error: the errback's bare result took the place of its group).
+    result = spawn_children.delay(3)
+    trail = result.get(timeout=TIMEOUT)
+    assert len(trail) == 3 and len(set(trail)) == 3
+    assert [c.id for c in result.children] == trail

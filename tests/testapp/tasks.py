@@ -107,3 +107,12 @@ def echo_request(value: object) -> dict:
 def stamp_time() -> float:
     """When the body ran (the 1-slot partner-api pool: one at a time)."""
     return time.time()
+
+
+@shared_task
+@pooled("partner-api")
+def spawn_children(n: int) -> list[str]:
+    """Call the pooled ``add`` ``n`` times from a body; return the ids on this task's trail."""
+    for i in range(n):
+        add.delay(i, i)
+    return [r.id for r in current_task.request.children]
