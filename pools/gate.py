@@ -84,10 +84,24 @@ def pool_declared_tasks(app: Celery) -> list[str]:
     wrapped = []
     for name, declared in conf.get().TASKS.items():
         task = app.tasks.get(name)
-        if task is not None and spec_of(task) is None:
+        if task is None:
+            # Most likely a misspelt name: the real task would run unpooled, silently.
+            logger.warning(
+                "POOLS['TASKS'] names %r, which this worker does not know (registered tasks "
+                "with a similar name: %s); calls of it are not pooled. Check the spelling.",
+                name,
+                ", ".join(_similar(name, app.tasks.keys())) or "none",
+            )
+        elif spec_of(task) is None:
             gate_task(task, PoolSpec.from_dict(declared))
             wrapped.append(name)
     return wrapped
+
+
+def _similar(name: str, names: Any) -> list[str]:
+    import difflib
+
+    return difflib.get_close_matches(name, [n for n in names if not n.startswith("celery.")], 3)
 
 
 def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Case, CharField, Count, F, OuterRef, Q, QuerySet, Subquery, When
 from django.utils import timezone
 
 from pools import explain
 from pools.exceptions import UnknownPool
 from pools.explain import PoolView
-from pools.models import TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
 from pools.querysets import held_slots_expr
 
 #: Demand states of unfinished entries, counted per pool (``delayed``: not due yet).
@@ -170,9 +170,17 @@ def _with_heads(qs: QuerySet[Pool], n: int) -> QuerySet[Pool]:
 
 def _counts(pool_ids: Sequence[int]) -> dict[int, dict[str, int]]:
     out: dict[int, dict[str, int]] = {pid: dict.fromkeys(COUNTED_STATES, 0) for pid in pool_ids}
+    # A held demand row stays "admitted" while its entry runs (starting a claim touches
+    # the entry only): held rows count by their entry's state.
+    effective = Case(
+        When(state__in=HELD_STATES, then=F("entry__state")),
+        default=F("state"),
+        output_field=CharField(),
+    )
     rows = (
         Demand.objects.filter(pool_id__in=list(pool_ids), state__in=ACTIVE_STATES)
-        .values_list("pool_id", "state")
+        .annotate(effective=effective)
+        .values_list("pool_id", "effective")
         .annotate(n=Count("pk"))
         .order_by()
     )
@@ -412,7 +420,10 @@ def entries_page(
         raise UnknownPool(name)
     after = _decode(cursor, state) if cursor else None
     now = timezone.now()
-    base = Demand.objects.filter(pool_id=pool.pk, state=state)
+    if state in HELD_STATES:  # held rows stay "admitted" while running: ask the entry
+        base = Demand.objects.filter(pool_id=pool.pk, state__in=HELD_STATES, entry__state=state)
+    else:
+        base = Demand.objects.filter(pool_id=pool.pk, state=state)
     if state == EntryState.WAITING:
         qs = base.order_by("-priority", "enqueued_at", "entry_id")
         if after:

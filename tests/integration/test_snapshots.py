@@ -1,0 +1,29 @@
+"""Snapshots count and page held entries by what they are doing (admitted or running)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pools import leases, snapshots
+from tests.conftest import POOL_APPS
+from tests.factories import make_pool, submit
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True, available_apps=POOL_APPS),
+    pytest.mark.usefixtures("admission_path"),  # both paths on PostgreSQL
+]
+
+
+def test_counts__a_started_entry_counts_as_running_not_admitted(recorder):
+    make_pool("p", 2)
+    submit(key="started")
+    submit(key="admitted")
+    started = next(a for a in recorder.admissions if a.key == "started")
+    assert leases.start(started.entry_id, started.token, worker="w1") is not None
+
+    snap = snapshots.snapshot("p")
+    assert (snap.counts["running"], snap.counts["admitted"]) == (1, 1)
+    running = snapshots.entries_page("p", state="running").items
+    admitted = snapshots.entries_page("p", state="admitted").items
+    assert [i.key for i in running] == ["started"]
+    assert [i.key for i in admitted] == ["admitted"]
