@@ -24,6 +24,11 @@ admission pass after it is due moves it into line as if it had been sent then
 
 Transactions are short: task bodies and broker publishes run after commit
 (:mod:`pools.dispatch`).
+
+This module is the ORM path of the admission contract (``docs/concepts/contract.md``:
+preconditions, refusal precedence, bound, rows and events per operation); the stored
+functions of :mod:`pools.sqlpath` are the other, and ``tests/integration/
+test_differential.py`` holds the two to it.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
-from django.db.models import F, Sum
+from django.db import DatabaseError, IntegrityError, ProgrammingError, transaction
+from django.db.models import Case, F, Sum, Value, When
 from django.utils import timezone
 
 from pools import conf, dispatch, events, sqlpath
@@ -145,29 +150,38 @@ class _Pass:
 
 
 @contextmanager
+def unavailable_on_error(what: str) -> Iterator[None]:
+    """Database errors and timeouts inside surface as :class:`PoolUnavailable`.
+
+    Integrity and programming errors (bugs, a missing migration) are not disguised.
+    """
+    try:
+        yield
+    except (IntegrityError, ProgrammingError):
+        raise  # a bug or a schema problem, not an outage: do not disguise it
+    except DatabaseError as exc:
+        raise PoolUnavailable(f"pool state is unavailable ({what}): {exc}".strip()) from exc
+
+
+@contextmanager
+def bounded(what: str) -> Iterator[None]:
+    """A transaction bounded by ``LOCK_TIMEOUT_SECONDS`` (lock waits and each statement);
+    errors as in :func:`unavailable_on_error`."""
+    with unavailable_on_error(what), transaction.atomic():
+        sqlpath.set_bound()
+        yield
+
+
+@contextmanager
 def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
-    """Open a transaction holding the row locks of ``names`` (in name order).
+    """Open a bounded transaction holding the row locks of ``names`` (in name order).
 
     Database errors and lock timeouts surface as :class:`PoolUnavailable`.
     """
     wanted = sorted(set(names))
-    try:
-        with transaction.atomic():
-            if connection.vendor == "postgresql":
-                bound_ms = int(conf.get().LOCK_TIMEOUT_SECONDS * 1000)
-                with connection.cursor() as cursor:  # bound every lock wait and statement
-                    cursor.execute(
-                        "SET LOCAL lock_timeout = %s; SET LOCAL statement_timeout = %s",
-                        [f"{bound_ms}ms", f"{bound_ms}ms"],
-                    )
-            pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
-            yield {p.name: p for p in pools}
-    except (IntegrityError, ProgrammingError):
-        raise  # a bug or a schema problem, not an outage: do not disguise it
-    except DatabaseError as exc:
-        raise PoolUnavailable(
-            f"pool state is unavailable (pools {', '.join(wanted)}): {exc}".strip()
-        ) from exc
+    with bounded(f"pools {', '.join(wanted)}"):
+        pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
+        yield {p.name: p for p in pools}
 
 
 def _held_by_pool(pool_ids: Iterable[int]) -> dict[int, int]:
@@ -214,6 +228,11 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
         for pool in sorted(pools.values(), key=lambda p: p.name):
             line = lines.get(pool.pk)
             while line:
+                if free[pool.pk] <= 0:
+                    # A full pool's line is not looked at further (dead heads behind the
+                    # last admission wait for the sweep): the same rule as pools_admit_v3,
+                    # and not dependent on how many rows this pass happened to read.
+                    break
                 entry = line[0].entry
                 if entry.queue_id in done:
                     line.popleft()
@@ -473,17 +492,10 @@ def enqueue(sub: Submission) -> Enqueued:
     now = timezone.now()
     spec = sub.spec
     deadline = _deadline(sub, now)
-    if sqlpath.enabled(EventKind.ENQUEUED, EventKind.ADMITTED):
+    if sqlpath.enabled():
         return _enqueue_in_one_call(sub, now, deadline)
     with locked_pools(spec.demand) as pools:
-        for name, slots in spec.demand.items():
-            pool = pools.get(name)
-            if pool is None:
-                raise UnknownPool(name)
-            if slots > pool.slots:
-                raise DemandExceedsCapacity(name, slots, pool.slots)
-            if pool.max_queued is not None and _line_reaches(pool, pool.max_queued):
-                raise PoolFull(name, pool.max_queued)
+        _refuse(spec.demand, pools)
         entry = QueueEntry.objects.create(
             key=sub.key,
             task_name=sub.task_name,
@@ -525,6 +537,25 @@ def enqueue(sub: Submission) -> Enqueued:
     )
 
 
+def _refuse(demand: dict[str, int], pools: dict[str, Pool]) -> None:
+    """Raise the refusal that wins (docs/concepts/contract.md), if any; under the locks.
+
+    Precedence: an unknown pool, then a demand above a pool's capacity, then a full
+    backlog; within each, the first pool by name. ``pools_enqueue_v3`` does the same.
+    """
+    names = sorted(demand)
+    for name in names:
+        if name not in pools:
+            raise UnknownPool(name)
+    for name in names:
+        if demand[name] > pools[name].slots:
+            raise DemandExceedsCapacity(name, demand[name], pools[name].slots)
+    for name in names:
+        pool = pools[name]
+        if pool.max_queued is not None and _line_reaches(pool, pool.max_queued):
+            raise PoolFull(name, pool.max_queued)
+
+
 def _shown(value: Any) -> Any:
     """Arguments as stored for display: a repr string as it is, else list/dict data."""
     if isinstance(value, str):
@@ -544,10 +575,10 @@ def _deadline(sub: Submission, now: datetime) -> datetime | None:
 
 
 def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
-    """:func:`enqueue` as one call of ``pools_enqueue_v2`` (PostgreSQL fast path)."""
+    """:func:`enqueue` as one call of ``pools_enqueue_v3`` (PostgreSQL fast path)."""
     spec = sub.spec
-    rows = sqlpath.call(
-        "pools_enqueue_v2",
+    reply = sqlpath.call(
+        "pools_enqueue_v3",
         [
             sub.key,
             sub.task_name,
@@ -564,50 +595,47 @@ def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | No
             sub.parent_id or "",
             sub.attempt,
             conf.get().LEASE_SECONDS,
-            sqlpath.lock_ms(),
+            sqlpath.listening(),
         ],
         what=f"pools {', '.join(sorted(spec.demand))}",
     )
-    kind, entry_id, _, limit, why, *_, pool = rows[0]
-    if kind == "refused":
-        if why == "unknown":
+    refused = reply.first("refused")
+    if refused is not None:
+        pool = refused.pool or ""
+        if refused.reason == "unknown":
             raise UnknownPool(pool)
-        if why == "capacity":
-            raise DemandExceedsCapacity(pool, entry_id, limit)
-        raise PoolFull(pool, limit)
-    admissions = _admissions_of(rows)
-    wake: dict[str, datetime] = {}
-    if sub.not_before is not None and sub.not_before > now:
-        wake = dict.fromkeys(spec.demand, sub.not_before)
-    dispatch.after_commit(admissions, [], wake)
-    admissions += _follow_up(_fallbacks_of(rows))
+        if refused.reason == "capacity":
+            raise DemandExceedsCapacity(pool, refused.asked or 0, refused.limit or 0)
+        raise PoolFull(pool, refused.limit or 0)
+    enqueued = reply.first("enqueued")
+    if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
+        raise RuntimeError("pools_enqueue_v3 returned neither 'refused' nor 'enqueued'")
+    admissions = _on_commit(reply)
+    admissions += _follow_up(reply.fallbacks)
     return Enqueued(
-        entry_id=entry_id,
+        entry_id=enqueued.entry,
         key=sub.key,
-        admitted=any(a.entry_id == entry_id for a in admissions),
+        admitted=any(a.entry_id == enqueued.entry for a in admissions),
     )
 
 
-def _admissions_of(rows: Sequence[tuple[Any, ...]]) -> list[Admission]:
-    """The ``admitted`` rows of a fast-path call (see ``pools/sql/admission_v2.sql``)."""
-    return [
+def _on_commit(reply: sqlpath.Reply) -> list[Admission]:
+    """Hand a fast-path call's admissions, wake-ups and events to the after-commit hooks."""
+    admissions = [
         Admission(
-            entry_id=row[1],
-            key=row[2],
-            token=row[3],
-            task_name=row[4],
-            args=sqlpath.json_value(row[5]),
-            kwargs=sqlpath.json_value(row[6]),
-            options=sqlpath.json_value(row[7]),
+            entry_id=row.entry or 0,
+            key=row.key or "",
+            token=row.token or 0,
+            task_name=row.task or "",
+            args=row.args,
+            kwargs=row.kwargs,
+            options=row.options,
         )
-        for row in rows
-        if row[0] == "admitted"
+        for row in reply.of("admitted")
     ]
-
-
-def _fallbacks_of(rows: Sequence[tuple[Any, ...]]) -> set[str]:
-    """Pools whose head the function left to the full pass (multi-pool, deadline, not_before)."""
-    return {row[8] for row in rows if row[0] == "fallback"}
+    events.announce(reply.events)
+    dispatch.after_commit(admissions, [], reply.wake)
+    return admissions
 
 
 def _line_reaches(pool: Pool, count: int) -> bool:
@@ -625,25 +653,30 @@ def settle(
     Returns False, changing nothing, when the token is stale, the entry already settled,
     or (``live_lease=True``, used by workers) its lease has already lapsed.
     """
-    if sqlpath.enabled(EventKind.SETTLED, EventKind.ADMITTED):
+    if sqlpath.enabled():
         return _settle_in_one_call(entry_id, token, outcome, reason, live_lease)
-    entry = QueueEntry.objects.filter(pk=entry_id).only("demand", "reason").first()
+    with unavailable_on_error(f"settling entry {entry_id}"):
+        entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
     if entry is None:
         return False
-    if entry.reason == TERMINATING:
-        # cancel(terminate=True) was asked before the worker stopped the body; the
-        # attempt ends as a cancellation whatever state Celery gave it.
-        outcome, reason = EntryState.CANCELLED, "revoked"
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
         claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES)
         if live_lease:
             claim = claim.filter(lease_expires_at__gte=now)
-        changed = claim.update(state=outcome, finished_at=now, lease_expires_at=None, reason=reason)
+        # cancel(terminate=True) marked it before the worker stopped the body: the attempt
+        # ends as a cancellation whatever state Celery gave it. Read under the lock.
+        terminating = When(reason=TERMINATING, then=Value(EntryState.CANCELLED.value))
+        changed = claim.update(
+            state=Case(terminating, default=Value(outcome)),
+            reason=Case(When(reason=TERMINATING, then=Value("revoked")), default=Value(reason)),
+            finished_at=now,
+            lease_expires_at=None,
+        )
         if changed:
-            Demand.objects.filter(entry_id=entry_id).update(state=outcome)
-            entry.refresh_from_db(fields=["key", "token", "demand"])
-            events.record(EventKind.SETTLED, [entry], at=now, detail={"outcome": outcome})
+            entry.refresh_from_db(fields=["key", "token", "demand", "state"])
+            Demand.objects.filter(entry_id=entry_id).update(state=entry.state)
+            events.record(EventKind.SETTLED, [entry], at=now, detail={"outcome": entry.state})
             needs = _admit_in(pools, now)
     if changed:
         _follow_up(needs)
@@ -653,10 +686,9 @@ def settle(
 def _settle_in_one_call(
     entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
 ) -> bool:
-    """:func:`settle` as one call of ``pools_settle_v2`` (PostgreSQL fast path)."""
-    settings = conf.get()
-    rows = sqlpath.call(
-        "pools_settle_v2",
+    """:func:`settle` as one call of ``pools_settle_v3`` (PostgreSQL fast path)."""
+    reply = sqlpath.call(
+        "pools_settle_v3",
         [
             entry_id,
             token,
@@ -664,15 +696,15 @@ def _settle_in_one_call(
             reason,
             live_lease,
             timezone.now(),
-            settings.LEASE_SECONDS,
-            sqlpath.lock_ms(),
+            conf.get().LEASE_SECONDS,
+            sqlpath.listening(),
         ],
         what=f"settling entry {entry_id}",
     )
-    if not rows:
+    if reply.first("settled") is None:
         return False
-    dispatch.after_commit(_admissions_of(rows), [])
-    _follow_up(_fallbacks_of(rows))
+    _on_commit(reply)
+    _follow_up(reply.fallbacks)
     return True
 
 
@@ -690,7 +722,8 @@ def requeue(
     leaves re-admission to the next settle or sweep, so a broker outage cannot turn
     into a publish loop. Returns False for a stale token.
     """
-    entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
+    with unavailable_on_error(f"requeueing entry {entry_id}"):
+        entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
     if entry is None:
         return False
     now = timezone.now()
@@ -720,7 +753,8 @@ def cancel(key: str, *, reason: str = "cancelled", terminate: bool = False) -> Q
     Raises :class:`EntryNotFound` for an unknown key and :class:`NotCancellable`
     when the entry is finished, or running and ``terminate`` is false.
     """
-    entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").first()
+    with unavailable_on_error(f"cancelling entry {key!r}"):
+        entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").first()
     if entry is None:
         raise EntryNotFound(key)
     now = timezone.now()
@@ -750,7 +784,7 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
     """Expire waiting entries whose deadline has passed (sweep); returns how many."""
     rows = list(
         QueueEntry.objects.waiting()
-        .filter(deadline__lt=now)
+        .filter(deadline__lte=now)  # past its deadline: deadline <= now, as in the pass
         .order_by("deadline")
         .values_list("queue_id", "demand")[:limit]
     )

@@ -1,8 +1,14 @@
-"""The append-only event log, and the Django signals sent for each event after commit."""
+"""The append-only event log, and the Django signals sent for each event after commit.
+
+Both admission paths go through :func:`announce`: the ORM path with the rows it has just
+inserted, the stored functions with the rows they return. Signals are sent only when
+the transaction that wrote the rows commits (``transaction.on_commit``), in the order
+the rows were written, and never for work that was rolled back.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -42,15 +48,29 @@ def record_pool(kind: str, pool: str, *, at: datetime, detail: dict[str, Any]) -
 
 
 def save_rows(kind: str, rows: list[PoolEvent]) -> None:
-    """Insert event rows and send their signal after commit."""
+    """Insert event rows (all of ``kind``) and send their signal after commit."""
     if not rows:
         return
     PoolEvent.objects.bulk_create(rows)
-    signal = signals.BY_KIND.get(kind)
-    if signal is not None and signal.has_listeners(PoolEvent):
+    announce(rows)
 
-        def send() -> None:
-            for row in rows:
-                signal.send(sender=PoolEvent, event=row)
 
-        transaction.on_commit(send)
+def announce(rows: Sequence[PoolEvent]) -> None:
+    """Send each row's lifecycle signal when the current transaction commits, in order.
+
+    Rows of kinds nobody listens to cost nothing. Inside a savepoint that is rolled
+    back, Django drops the callback: no signal for rolled-back work.
+    """
+    wanted = [
+        (signal, row)
+        for row in rows
+        if (signal := signals.BY_KIND.get(row.kind)) is not None and signal.has_listeners(PoolEvent)
+    ]
+    if not wanted:
+        return
+
+    def send() -> None:
+        for signal, row in wanted:
+            signal.send(sender=PoolEvent, event=row)
+
+    transaction.on_commit(send)

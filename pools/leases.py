@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db import transaction
 from django.utils import timezone
 
-from pools import conf, events, sqlpath
+from pools import admission, conf, events, sqlpath
 from pools.models import EntryState, EventKind, QueueEntry
 
 
@@ -31,39 +32,54 @@ class Claim:
 
 
 def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
-    """Mark an admitted entry running on ``worker``; None if the token is stale or it already ran."""
+    """Mark an admitted entry running on ``worker``; None if the token is stale or it already ran.
+
+    Bounded like every pool operation; a database error or timeout raises
+    :class:`~pools.exceptions.PoolUnavailable` and changes nothing.
+    """
     now = timezone.now()
     lease = conf.get().LEASE_SECONDS
-    if sqlpath.enabled(EventKind.STARTED):
-        rows = sqlpath.call(
-            "pools_start_v2", [entry_id, token, worker[:255], now, lease], what="starting a claim"
+    worker = worker[:255]
+    if sqlpath.enabled():
+        reply = sqlpath.call(
+            "pools_start_v3",
+            [entry_id, token, worker, now, lease, sqlpath.listening()],
+            what="starting a claim",
         )
-        if not rows:
+        row = reply.first("started")
+        if row is None or row.at is None:
             return None
-        demand, until = rows[0]
+        events.announce(reply.events)
         return Claim(
-            entry_id=entry_id,
-            token=token,
-            demand=sqlpath.json_value(demand),
-            lease_expires_at=until,
+            entry_id=entry_id, token=token, demand=dict(row.demand or {}), lease_expires_at=row.at
         )
     until = now + timedelta(seconds=lease)
-    changed = QueueEntry.objects.filter(pk=entry_id, token=token, state=EntryState.ADMITTED).update(
-        state=EntryState.RUNNING, started_at=now, worker=worker[:255], lease_expires_at=until
-    )
-    if not changed:
-        return None
-    entry = QueueEntry.objects.only("key", "token", "demand").get(pk=entry_id)
-    events.record(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
+    with admission.bounded("starting a claim"):
+        changed = QueueEntry.objects.filter(
+            pk=entry_id, token=token, state=EntryState.ADMITTED
+        ).update(state=EntryState.RUNNING, started_at=now, worker=worker, lease_expires_at=until)
+        if not changed:
+            return None
+        entry = QueueEntry.objects.only("key", "token", "demand").get(pk=entry_id)
+        events.record(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
     return Claim(entry_id=entry_id, token=token, demand=entry.demand, lease_expires_at=until)
 
 
 def renew(entry_id: int, token: int) -> datetime | None:
-    """Extend a held lease; None (the claim is lost) when the token is stale or it lapsed."""
+    """Extend a held lease; None (the claim is lost) when the token is stale or it lapsed.
+
+    Bounded like every pool operation, but a failure surfaces as the database error
+    itself: the lease keeper treats any :class:`~django.db.DatabaseError` as a failed
+    renewal (one implementation on both paths: no stored function).
+    """
     until = timezone.now() + timedelta(seconds=conf.get().LEASE_SECONDS)
-    changed = (
-        QueueEntry.objects.held().filter(pk=entry_id, token=token).update(lease_expires_at=until)
-    )
+    with transaction.atomic():
+        sqlpath.set_bound()
+        changed = (
+            QueueEntry.objects.held()
+            .filter(pk=entry_id, token=token)
+            .update(lease_expires_at=until)
+        )
     return until if changed else None
 
 

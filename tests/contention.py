@@ -303,7 +303,9 @@ class ChildConfig:
     stall_seconds: float
     #: The child gives up (reporting the entry states) this long after the start signal.
     run_seconds: float
-    #: Self-test of the checker only: admission ignores held slots in this child.
+    #: Run with ``POOLS["SQL_FAST_PATH"]`` set to this (PostgreSQL: which path is proven).
+    fast_path: bool = True
+    #: Self-test of the checker only: the ORM path's admission ignores held slots here.
     sabotage: bool = False
 
 
@@ -319,7 +321,11 @@ def _setup_django(cfg: ChildConfig) -> None:
 
     # The test database, not the settings' default one (SQLite file names differ).
     settings.DATABASES["default"]["NAME"] = cfg.db_name
-    settings.POOLS = {**settings.POOLS, "PUBLISHER": "tests.contention.publisher"}
+    settings.POOLS = {
+        **settings.POOLS,
+        "PUBLISHER": "tests.contention.publisher",
+        "SQL_FAST_PATH": cfg.fast_path,
+    }
 
     import django
 
@@ -347,6 +353,8 @@ class ChildStats:
     slowest: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     failure: str = ""
+    #: Whether this child's enqueue/settle/start ran as stored-function calls.
+    fast_path: bool = False
 
 
 def child_main(cfg: ChildConfig, barrier: Any, out: Any) -> None:
@@ -403,13 +411,14 @@ def _retrying(stats: ChildStats, what: str, fn: Any, *args: Any) -> Any:
 
 
 def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
-    from pools import admission, leases
+    from pools import admission, leases, sqlpath
     from pools.admission import Submission
     from pools.models import QueueEntry
     from pools.specs import PoolSpec
 
     if cfg.sabotage:
         admission._held_by_pool = lambda pool_ids: {}  # type: ignore[assignment]
+    stats.fast_path = sqlpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec
     rng = random.Random(cfg.seed * 1000 + cfg.index)
@@ -498,6 +507,44 @@ def _states() -> str:
     return ", ".join(f"{r['state']}={r['n']}" for r in rows)
 
 
+# --------------------------------------------------------------------------- SQL sabotage
+
+#: The statement of ``pools_admit_v3`` that counts held slots (see admission_v3.sql).
+HELD_SUM_SQL = """        SELECT r.slots - COALESCE(SUM(d.slots), 0) INTO v_free FROM pools_demand d
+         WHERE d.pool_id = r.id AND d.state IN ('admitted', 'running');"""
+
+
+def _admission_sql() -> str:
+    from pathlib import Path
+
+    import pools
+
+    return (Path(pools.__file__).resolve().parent / "sql" / "admission_v3.sql").read_text()
+
+
+def install_sabotaged_sql() -> None:
+    """Replace ``pools_admit_v3`` in the test database by a copy that ignores held slots.
+
+    The self-test of the proof on the fast path: only the stored function is broken
+    (multi-pool heads still go through the intact Python pass).
+    """
+    from django.db import connection
+
+    text = _admission_sql()
+    if HELD_SUM_SQL not in text:
+        raise RuntimeError("admission_v3.sql changed: update HELD_SUM_SQL in tests/contention.py")
+    with connection.cursor() as cursor:
+        cursor.execute(text.replace(HELD_SUM_SQL, "        v_free := r.slots;  -- SABOTAGED"))
+
+
+def restore_sql() -> None:
+    """Re-create the shipped functions (undo :func:`install_sabotaged_sql`)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(_admission_sql())
+
+
 # --------------------------------------------------------------------------- parent
 
 
@@ -514,6 +561,8 @@ class Result:
     children: list[ChildStats]
     timed_out: bool = False
     states: dict[str, int] = field(default_factory=dict)
+    #: True when the children ran enqueue/settle/start as stored-function calls.
+    fast_path: bool = False
 
     @property
     def max_held(self) -> dict[str, int]:
@@ -557,7 +606,8 @@ class Result:
     def summary(self) -> str:
         rate = self.entries / self.elapsed if self.elapsed else 0.0
         return (
-            f"contention[{self.vendor}]: {self.entries} entries, {self.processes} processes, "
+            f"contention[{self.vendor}, {'sql' if self.fast_path else 'orm'} path]: "
+            f"{self.entries} entries, {self.processes} processes, "
             f"capacity {self.capacity}: {self.elapsed:.2f}s ({rate:.0f} entries/s); "
             f"peak held {self.max_held} (clock: {self.max_held_by_clock}, "
             f"running: {self.max_running}); "
@@ -578,6 +628,7 @@ def run(
     stall_seconds: float = 20.0,
     seed: int = 1,
     sabotage: bool = False,
+    fast_path: bool | None = None,
 ) -> Result:
     """Run the contention scenario against the current default database.
 
@@ -585,8 +636,12 @@ def run(
     read the pools created here. Creates the pools (two, named by ``pools``) and the
     recorder, starts ``processes`` children, waits at most ``timeout`` seconds (children are
     terminated and ``Result.timed_out`` is set when it passes), and drops the recorder.
-    ``sabotage=True`` makes the children's admission ignore held slots: a self-test showing
-    that the recorder and :func:`sweep` do catch oversubscription.
+    ``fast_path`` picks the path on PostgreSQL (default: the settings'; SQLite always
+    runs the ORM path). ``sabotage=True`` breaks the admission *of the path under test* so
+    that it ignores held slots: the ORM pass in the children, or on the fast path the
+    stored function ``pools_admit_v3`` (a sabotaged copy installed in the test database
+    for the run). A self-test showing that the recorder and :func:`sweep` do catch
+    oversubscription on that path.
     """
     from django.conf import settings
     from django.db import connection
@@ -603,7 +658,14 @@ def run(
     if connection.vendor == "sqlite" and (db_name == ":memory:" or "mode=memory" in db_name):
         raise RuntimeError("the contention run needs a file database, not an in-memory one")
 
+    from pools import sqlpath
+
+    if fast_path is None:
+        fast_path = sqlpath.enabled()
+    fast_path = fast_path and connection.vendor == "postgresql"
     recorder = Recorder.create(connection.vendor, db_name)
+    if sabotage and fast_path:
+        install_sabotaged_sql()
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(processes + 1)
     out = ctx.Queue()
@@ -628,7 +690,8 @@ def run(
                 max_hold=max_hold,
                 stall_seconds=stall_seconds,
                 run_seconds=max(1.0, timeout - 10),
-                sabotage=sabotage,
+                sabotage=sabotage and not fast_path,
+                fast_path=fast_path,
             )
             p = ctx.Process(target=child_main, args=(cfg, barrier, out), name=f"contention-{i}")
             p.start()
@@ -667,6 +730,8 @@ def run(
             )
         finally:
             recorder.drop()
+            if sabotage and fast_path:
+                restore_sql()
     return Result(
         vendor=connection.vendor,
         entries=entries,
@@ -677,4 +742,5 @@ def run(
         children=sorted(children, key=lambda c: c.index),
         timed_out=timed_out,
         states=states,
+        fast_path=fast_path,
     )

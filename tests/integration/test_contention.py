@@ -7,6 +7,11 @@ start and end (before settle) in one global order; a sweep over that order prove
 held never exceeded capacity at any instant. Children also fail on a stall (work left but
 nothing finishing for 20 s: a lost wake-up).
 
+Both admission paths are proven: on PostgreSQL the run and its sabotage self-test run
+once on the stored functions (``SQL_FAST_PATH=True``; the sabotage installs a copy of
+``pools_admit_v3`` that ignores held slots) and once on the ORM path (the sabotage makes
+the Python pass ignore held slots); SQLite has the ORM path only.
+
 Size: ``POOLS_CONTENTION_ENTRIES`` (default 2,000 on both databases); bound:
 ``POOLS_CONTENTION_TIMEOUT`` seconds (default 600). Run with ``-s`` to see the figures.
 """
@@ -23,7 +28,7 @@ from django.utils import timezone
 from pools import admission
 from pools.models import Demand, EntryState, EventKind, PoolEvent, QueueEntry
 from tests import contention
-from tests.conftest import POOL_APPS
+from tests.conftest import POOL_APPS, _admission_paths
 from tests.factories import make_pool, submit
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
@@ -70,9 +75,17 @@ def test_sweep__a_late_admit_record_does_not_open_after_the_end():
     assert contention.sweep([*events, *more, ev(6, "start", 3, {"a": 1})]) == {"a": 2}
 
 
-def test_contention__checker_catches_a_broken_admission():
-    """Mutation check: with admission ignoring held slots, the recorder sees oversubscription."""
+@pytest.fixture(params=_admission_paths())
+def path(request: pytest.FixtureRequest) -> str:
+    """The admission path under proof: ``sql`` (stored functions) or ``orm``."""
+    return str(request.param)
+
+
+def test_contention__checker_catches_a_broken_admission(path):
+    """Mutation check: with this path's admission ignoring held slots, the recorder sees
+    oversubscription."""
     result = contention.run(
+        fast_path=path == "sql",
         entries=160,
         processes=PROCESSES,
         pools=CAPACITY,
@@ -83,12 +96,24 @@ def test_contention__checker_catches_a_broken_admission():
     )
     print(f"\n(sabotaged) {result.summary()}")
     assert not result.timed_out and not result.failures, result.failures
+    assert {c.fast_path for c in result.children} == {path == "sql"}
+    if path == "sql":  # the shipped function is back for the tests that follow
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_get_functiondef('pools_admit_v3'::regproc)")
+            assert "SABOTAGED" not in cursor.fetchone()[0]
     assert any(result.max_held[p] > slots for p, slots in CAPACITY.items()), result.max_held
 
 
-def test_contention__never_oversubscribes_under_many_processes():
+def test_contention__never_oversubscribes_under_many_processes(path):
     result = contention.run(
-        entries=ENTRIES, processes=PROCESSES, pools=CAPACITY, timeout=TIMEOUT, seed=7
+        fast_path=path == "sql",
+        entries=ENTRIES,
+        processes=PROCESSES,
+        pools=CAPACITY,
+        timeout=TIMEOUT,
+        seed=7,
     )
     print(f"\n{result.summary()}")
     if result.timed_out:
@@ -99,6 +124,8 @@ def test_contention__never_oversubscribes_under_many_processes():
     assert not result.failures, "\n".join(result.failures)
     assert not result.errors, "PoolUnavailable under contention:\n" + "\n".join(result.errors[:20])
 
+    # Every child ran the path under proof.
+    assert {c.fast_path for c in result.children} == {path == "sql"}
     # Every child did both jobs.
     assert sum(c.submitted for c in result.children) == ENTRIES
     assert all(c.submitted > 0 and c.polls > 0 for c in result.children)
