@@ -108,6 +108,13 @@ def _wrap_task(task: Task, spec: PoolSpec) -> None:
     if type(task) in (Proxy, PromiseProxy):
         task = task._get_current_object()  # type: ignore[attr-defined]
     _wrap_class(type(task), spec)
+    # Celery's autoretry_for puts a wrapper around the original ``run`` on the instance
+    # (``task.run``, calling ``task._orig_run``), which shadows the class's gated ``run``.
+    # It is gated as well, unless it already wraps a gated function (@pooled below the
+    # task decorator, whose spec functools.wraps copied onto it).
+    instance_run = vars(task).get("run")
+    if instance_run is not None and getattr(instance_run, SPEC_ATTR, None) is None:
+        task.run = _wrap_function(instance_run, spec)  # type: ignore[method-assign]
 
 
 def _wrap_class(cls: type[Task], spec: PoolSpec) -> None:

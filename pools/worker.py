@@ -136,9 +136,18 @@ def _enqueue_unclaimed(task: Any, request: Any) -> None:
 
 @signals.task_postrun.connect(dispatch_uid="pools.worker.settle")
 def _settle_after_run(
-    sender: Any = None, task_id: str | None = None, state: str | None = None, **kwargs: Any
+    sender: Any = None,
+    task_id: str | None = None,
+    state: str | None = None,
+    retval: Any = None,
+    **kwargs: Any,
 ) -> None:
-    """Release the claim once the attempt has settled (result stored, callbacks sent)."""
+    """Release the claim once the attempt has settled (result stored, callbacks sent).
+
+    A body that raised ``Reject(requeue=True)`` asked Celery to deliver it again: the
+    entry goes back to its place in line instead (the message Celery puts back carries
+    the old fencing token and is skipped), and runs again when admitted.
+    """
     if task_id is None:
         return
     with _claims_lock:
@@ -152,6 +161,9 @@ def _settle_after_run(
     try:
         if lost:
             admission.requeue(claim.entry_id, claim.token, reason="lease lost")
+            return
+        if state == "REJECTED" and getattr(retval, "requeue", False):
+            admission.requeue(claim.entry_id, claim.token, reason="rejected with requeue")
             return
         outcome = OUTCOMES.get(state or "", "failed")
         try:

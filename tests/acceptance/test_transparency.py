@@ -13,8 +13,8 @@ import pytest
 from celery.exceptions import TaskRevokedError
 
 from pools.models import EntryState, QueueEntry
-from tests.acceptance.conftest import WORKER_TEST_MARKS
-from tests.testapp.tasks import echo_request, spawn_children, stamp_time
+from tests.acceptance.conftest import WORKER_TEST_MARKS, wait_for
+from tests.testapp.tasks import echo_request, reject_once, spawn_children, stamp_time
 
 pytestmark = WORKER_TEST_MARKS
 
@@ -81,3 +81,16 @@ def test_children__a_body_that_calls_pooled_tasks_gets_exactly_their_results(wor
     trail = result.get(timeout=TIMEOUT)
     assert len(trail) == 3 and len(set(trail)) == 3
     assert [c.id for c in result.children] == trail
+
+
+def test_reject_with_requeue__the_call_runs_again_and_succeeds(worker, tmp_path):
+    # Plain Celery redelivers a message whose task raised Reject(requeue=True).
+    result = reject_once.delay(str(tmp_path / "marker"))
+    assert result.get(timeout=TIMEOUT) == "second time"
+    entry = wait_for(
+        lambda: QueueEntry.objects.filter(key=result.id, state=EntryState.SUCCEEDED).first(),
+        30,
+        "the entry to settle (after the result is stored)",
+    )
+    assert QueueEntry.objects.filter(key=result.id).count() == 1
+    assert entry.token == 2, "admitted a second time after the rejection"

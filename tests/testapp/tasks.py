@@ -116,3 +116,16 @@ def spawn_children(n: int) -> list[str]:
     for i in range(n):
         add.delay(i, i)
     return [r.id for r in current_task.request.children]
+
+
+@shared_task(bind=True, acks_late=True)
+@pooled("partner-api")
+def reject_once(self, marker: str) -> str:
+    """Raise ``Reject(requeue=True)`` on the first delivery (a marker file), then succeed."""
+    from celery.exceptions import Reject
+
+    if not os.path.exists(marker):
+        with open(marker, "w") as out:
+            out.write("rejected once\n")
+        raise Reject("try again", requeue=True)
+    return "second time"

@@ -96,3 +96,61 @@ def test_twice__rejected(app):
 def test_bad_arguments__rejected_at_decoration():
     with pytest.raises(PoolConfigurationError, match="positive integer"):
         pooled("warehouse", slots=0)
+
+
+@pytest.fixture
+def gated_calls(monkeypatch):
+    """Record every entry into the worker-side gate (instead of checking a claim)."""
+    from pools import worker
+
+    calls: list[str] = []
+
+    def run_gated(fn, args, kwargs):
+        calls.append(fn.__name__)
+        return fn(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "run_gated", run_gated)
+    return calls
+
+
+def test_gate_task__autoretry_class_task_runs_through_the_gate(app, gated_calls):
+    # Celery's autoretry_for wraps ``run`` on the instance; gating by name (POOLS["TASKS"])
+    # must gate that wrapper too, or the body would run without a claim.
+    from pools.decorators import gate_task
+    from pools.specs import PoolSpec
+
+    class Flaky(Task):
+        name = "unit.flaky_class"
+        autoretry_for = (ValueError,)
+
+        def run(self):
+            return "ran"
+
+    task = app.register_task(Flaky())
+    gate_task(task, PoolSpec.build("warehouse"))
+    assert spec_of(task).demand == {"warehouse": 1}
+    assert task.run() == "ran"
+    assert len(gated_calls) == 1, "the body went through the gate exactly once"
+
+
+def test_gate_task__autoretry_function_task_runs_through_the_gate(app, gated_calls):
+    from pools.decorators import gate_task
+    from pools.specs import PoolSpec
+
+    @app.task(autoretry_for=(ValueError,))
+    def flaky():
+        return "ran"
+
+    gate_task(flaky, PoolSpec.build("warehouse"))
+    assert flaky.run() == "ran"
+    assert len(gated_calls) == 1, "the body went through the gate exactly once"
+
+
+def test_below_app_task__autoretry_is_gated_once(app, gated_calls):
+    @app.task(autoretry_for=(ValueError,))
+    @pooled("warehouse")
+    def flaky():
+        return "ran"
+
+    assert flaky.run() == "ran"
+    assert gated_calls == ["flaky"], "gated once, inside Celery's autoretry wrapper"
