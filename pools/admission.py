@@ -529,11 +529,12 @@ def enqueue(sub: Submission) -> Enqueued:
             _note_due(pools, spec.demand, sub.not_before)
         step = _admit_locked(pools, now)  # also schedules the wake-up of a delayed entry
         dispatch.after_commit(step.admissions, step.finished, step.wake)
-    _follow_up(_still_needed(step, pools))
+    # Admitted by this call's own pass or by its follow-up pass (as on the fast path).
+    admissions = [*step.admissions, *_follow_up(_still_needed(step, pools))]
     return Enqueued(
         entry_id=entry.queue_id,
         key=entry.key,
-        admitted=any(a.entry_id == entry.queue_id for a in step.admissions),
+        admitted=any(a.entry_id == entry.queue_id for a in admissions),
     )
 
 
