@@ -83,6 +83,23 @@ def renew(entry_id: int, token: int) -> datetime | None:
     return until if changed else None
 
 
+def redeliver(entry_id: int, token: int) -> bool:
+    """A running attempt handed its message back to the broker (``Reject(requeue=True)``).
+
+    The claim stays valid for the redelivery: the entry goes back to ``admitted`` with the
+    same fencing token and a fresh lease, so the broker's redelivered message (Celery marks
+    it ``redelivered``) starts it again, as plain Celery runs it again. If that message
+    never comes, the lease lapses and the entry goes back in line. Returns False for a
+    stale token. Held slots do not change, so no pool lock is needed (see module docstring).
+    """
+    until = timezone.now() + timedelta(seconds=conf.get().LEASE_SECONDS)
+    with admission.bounded("handing a claim back for redelivery"):
+        changed = QueueEntry.objects.filter(
+            pk=entry_id, token=token, state=EntryState.RUNNING
+        ).update(state=EntryState.ADMITTED, lease_expires_at=until, reason="redelivery")
+    return bool(changed)
+
+
 def record_skipped(entry_id: int | None, key: str, token: int | None, why: str) -> None:
     """Log a delivery that was not run (stale token, no claim); sends ``delivery_skipped``."""
     from pools.models import PoolEvent

@@ -144,9 +144,9 @@ def _settle_after_run(
 ) -> None:
     """Release the claim once the attempt has settled (result stored, callbacks sent).
 
-    A body that raised ``Reject(requeue=True)`` asked Celery to deliver it again: the
-    entry goes back to its place in line instead (the message Celery puts back carries
-    the old fencing token and is skipped), and runs again when admitted.
+    A body that raised ``Reject(requeue=True)`` asked Celery to deliver it again: its
+    claim stays valid for that redelivery (:func:`pools.leases.redeliver`), which then
+    runs as in plain Celery, ``delivery_info["redelivered"]`` and all.
     """
     if task_id is None:
         return
@@ -163,7 +163,7 @@ def _settle_after_run(
             admission.requeue(claim.entry_id, claim.token, reason="lease lost")
             return
         if state == "REJECTED" and getattr(retval, "requeue", False):
-            admission.requeue(claim.entry_id, claim.token, reason="rejected with requeue")
+            leases.redeliver(claim.entry_id, claim.token)
             return
         outcome = OUTCOMES.get(state or "", "failed")
         try:

@@ -120,12 +120,10 @@ def spawn_children(n: int) -> list[str]:
 
 @shared_task(bind=True, acks_late=True)
 @pooled("partner-api")
-def reject_once(self, marker: str) -> str:
-    """Raise ``Reject(requeue=True)`` on the first delivery (a marker file), then succeed."""
+def reject_once(self) -> str:
+    """``Reject(requeue=True)`` unless the broker redelivered the message (Celery's own test)."""
     from celery.exceptions import Reject
 
-    if not os.path.exists(marker):
-        with open(marker, "w") as out:
-            out.write("rejected once\n")
+    if not self.request.delivery_info.get("redelivered"):
         raise Reject("try again", requeue=True)
     return "second time"
