@@ -145,15 +145,7 @@ def run_panel(request: HttpRequest, model_admin: ModelAdmin[Any], root_id: str) 
     panel = runs.load(root_id, window=request.GET.get("window"))
     if not panel.total:
         raise Http404(f"No queue entry belongs to run {root_id!r}.")
-    return _page(
-        request,
-        model_admin,
-        "pools_admin/run_panel.html",
-        title=f"Run {root_id}",
-        windows=[*timeline.WINDOWS, runs.FIT],
-        panel=panel,
-        root_id=root_id,
-    )
+    return _run_page(request, model_admin, panel, root_id, title=f"Run {root_id}")
 
 
 @require_GET
@@ -164,15 +156,29 @@ def entry_panel(request: HttpRequest, model_admin: ModelAdmin[Any], queue_id: in
     entry = get_object_or_404(QueueEntry, pk=queue_id)
     root_id = entry.root_id or entry.key
     panel = runs.load(root_id, window=request.GET.get("window"), focus=entry)
+    title = f"{entry.task_name} #{entry.queue_id}"
+    return _run_page(request, model_admin, panel, root_id, title=title, focus=entry)
+
+
+def _run_page(
+    request: HttpRequest,
+    model_admin: ModelAdmin[Any],
+    panel: Any,
+    root_id: str,
+    *,
+    title: str,
+    focus: QueueEntry | None = None,
+) -> HttpResponse:
+    """The run panel page (a whole run, or the run around ``focus``)."""
     return _page(
         request,
         model_admin,
         "pools_admin/run_panel.html",
-        title=f"{entry.task_name} #{entry.queue_id}",
+        title=title,
         windows=[*timeline.WINDOWS, runs.FIT],
         panel=panel,
         root_id=root_id,
-        focus=entry,
+        focus=focus,
     )
 
 
