@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pools.snapshots import PoolSnapshot
+    from pools.core.snapshots import PoolSnapshot
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -235,8 +235,8 @@ def watch(keys: list[str], timeout: float) -> bool:
     """Print the pools every TICK seconds until every submitted entry has finished."""
     from celery import current_app
 
+    from pools.core.snapshots import snapshot_all
     from pools.models import QueueEntry
-    from pools.snapshots import snapshot_all
 
     started = time.monotonic()
     while True:

@@ -26,7 +26,7 @@ from pools.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from pools.leases import Claim
+    from pools.core.leases import Claim
     from pools.models import QueueEntry
 
 __version__ = "0.1.0"
@@ -56,28 +56,28 @@ __all__ = [
 
 
 def pooled(*args: Any, **kwargs: Any) -> Any:
-    """Limit a Celery task by named resource pools; see :func:`pools.decorators.pooled`."""
-    from pools.decorators import pooled as _pooled
+    """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`."""
+    from pools.celery.decorators import pooled as _pooled
 
     return _pooled(*args, **kwargs)
 
 
 def cancel(key: str, *, terminate: bool = False) -> QueueEntry:
-    """Cancel the waiting entry with ``key`` (a Celery task id); see :func:`pools.admission.cancel`."""
-    from pools import admission
+    """Cancel the waiting entry with ``key`` (a Celery task id); see :func:`pools.core.admission.cancel`."""
+    from pools.core import admission
 
     return admission.cancel(key, terminate=terminate)
 
 
 def current_claim() -> Claim | None:
     """The claim (entry id, fencing token, lease) of the pooled task running in this thread."""
-    from pools import worker
+    from pools.celery import worker
 
     return worker.current_claim()
 
 
 def snapshot(name: str) -> Any:
-    """A point-in-time view of pool ``name``; see :func:`pools.snapshots.snapshot`."""
-    from pools import snapshots
+    """A point-in-time view of pool ``name``; see :func:`pools.core.snapshots.snapshot`."""
+    from pools.core import snapshots
 
     return snapshots.snapshot(name)

@@ -17,14 +17,16 @@ class PoolsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from pools import checks, gate, worker  # noqa: F401  (registers checks and signals)
+        from pools import checks  # noqa: F401  (registers the system checks)
+        from pools.celery import gate, tasks, worker  # noqa: F401  (signal handlers, tasks)
 
         gate.install()
         post_migrate.connect(_sync_after_migrate, sender=self, dispatch_uid="pools.sync")
 
 
 def _sync_after_migrate(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
-    from pools import beat, definitions
+    from pools.celery import beat
+    from pools.core import definitions
 
     definitions.sync()
     beat.ensure_sweep_schedule()

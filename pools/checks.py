@@ -14,7 +14,8 @@ from pools.specs import PoolSpec
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Validate ``settings.POOLS`` and its pool definitions."""
-    from pools import conf, definitions
+    from pools import conf
+    from pools.core import definitions
 
     try:
         conf.get()

@@ -14,6 +14,8 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from pools.exceptions import PoolConfigurationError
+
 
 @dataclass(frozen=True, kw_only=True)
 class PoolsSettings:
@@ -29,7 +31,7 @@ class PoolsSettings:
     #: Bound, in seconds, on any pool operation's lock wait (PostgreSQL ``lock_timeout``).
     LOCK_TIMEOUT_SECONDS: float = 5.0
     #: Dotted path of the callable that publishes admitted entries (Celery glue by default).
-    PUBLISHER: str = "pools.gate.bridge"
+    PUBLISHER: str = "pools.celery.gate.bridge"
     #: Interval of the sweep periodic task (lapsed leases, deadlines, admission safety pass).
     SWEEP_SECONDS: float = 5.0
     #: How long finished entries and events are kept for the UI before the sweep prunes them.
@@ -64,8 +66,6 @@ _cached: PoolsSettings | None = None
 
 
 def _load() -> PoolsSettings:
-    from pools.exceptions import PoolConfigurationError
-
     raw = getattr(django_settings, "POOLS", None)
     if raw is None:
         raw = {}

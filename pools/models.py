@@ -1,7 +1,7 @@
 """Database models: pools, queue entries, their per-pool demand rows and the event log.
 
-Rows are changed only by the service modules (:mod:`pools.admission`,
-:mod:`pools.leases`, :mod:`pools.definitions`); never ``update(state=...)`` elsewhere.
+Rows are changed only by the service modules (:mod:`pools.core.admission`,
+:mod:`pools.core.leases`, :mod:`pools.core.definitions`); never ``update(state=...)`` elsewhere.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.db import models
 
 if TYPE_CHECKING:
@@ -80,15 +81,19 @@ class DemandQuerySet(models.QuerySet[Any]):
 # Correlated subqueries for annotating pool lists: one query, whatever the number of pools.
 
 
+def _demand() -> Any:
+    # By name: models.py imports this module for its managers.
+    return apps.get_model("pools", "Demand")
+
+
 def held_slots_expr() -> Any:
     """``Pool`` annotation: slots held by admitted and running entries (0 when none)."""
     from django.db.models import IntegerField, OuterRef, Subquery, Sum
     from django.db.models.functions import Coalesce
 
-    from pools.models import Demand
-
     held = (
-        Demand.objects.filter(pool_id=OuterRef("pk"), state__in=_HELD)
+        _demand()
+        .objects.filter(pool_id=OuterRef("pk"), state__in=_HELD)
         .order_by()
         .values("pool_id")
         .annotate(n=Sum("slots"))
@@ -102,10 +107,9 @@ def waiting_count_expr() -> Any:
     from django.db.models import Count, IntegerField, OuterRef, Subquery
     from django.db.models.functions import Coalesce
 
-    from pools.models import Demand
-
     waiting = (
-        Demand.objects.filter(pool_id=OuterRef("pk"), state="waiting")
+        _demand()
+        .objects.filter(pool_id=OuterRef("pk"), state="waiting")
         .order_by()
         .values("pool_id")
         .annotate(n=Count("pk"))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pools import admission, sweeps
-from pools.keeper import keeper
-from pools.snapshots import PoolSnapshot, snapshot
+from pools.celery.keeper import keeper
+from pools.core import admission, sweeps
+from pools.core.snapshots import PoolSnapshot, snapshot
 
 
 def simulate_partition(on: bool = True) -> None:

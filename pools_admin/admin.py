@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
-from pools import admission, definitions
+from pools.core import admission, definitions
 from pools.exceptions import PoolError, PoolRefused, PoolUnavailable
 from pools.models import HELD_STATES, EntryState, Pool, PoolEvent, QueueEntry, WorkerNode
 from pools.querysets import held_slots_expr, waiting_count_expr

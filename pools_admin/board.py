@@ -7,7 +7,7 @@
 2. the first :data:`HEAD` waiting demand rows of every pool (a window function);
 3. the entries of those rows.
 
-Unlike :func:`pools.snapshots.snapshot_all` (three queries per pool) this stays flat as
+Unlike :func:`pools.core.snapshots.snapshot_all` (three queries per pool) this stays flat as
 pools are added, which matters for a card that refreshes itself every few seconds.
 """
 

@@ -1,4 +1,4 @@
-"""The admin's "Run now": :func:`pools.jobs.start_job` and a message saying what happened."""
+"""The admin's "Run now": :func:`pools.celery.jobs.start_job` and a message saying what happened."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pools.models import HELD_STATES, EntryState, Origin, Pool, QueueEntry
 
 def _where(queue_id: int | None) -> str:
     """``admitted at once`` / ``waiting, position 3 in warehouse`` for a fresh entry."""
-    from pools import explain
+    from pools.core import explain
 
     if queue_id is None:
         return "queued"
@@ -32,7 +32,7 @@ def _where(queue_id: int | None) -> str:
 
 def run_now(name: str) -> tuple[int, str]:
     """Start periodic task ``name`` now; ``(message level, message)`` for the admin."""
-    from pools import jobs
+    from pools.celery import jobs
 
     try:
         started = jobs.start_job(name, origin=Origin.MANUAL)

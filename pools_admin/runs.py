@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from pools import explain as core
+from pools.core import explain as core
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
 from pools_admin import timeline, why
 

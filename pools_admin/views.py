@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from pools import admission
+from pools.core import admission
 from pools.exceptions import EntryNotFound, PoolRefused, PoolUnavailable
 from pools.models import Pool, QueueEntry
 from pools_admin import board, runs, timeline

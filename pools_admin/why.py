@@ -1,9 +1,9 @@
-"""Adapter to :mod:`pools.explain`: "why is it waiting" for many entries in a fixed number of queries.
+"""Adapter to :mod:`pools.core.explain`: "why is it waiting" for many entries in a fixed number of queries.
 
-:func:`pools.explain.explain` costs three queries plus two per pool for *one* entry; a
+:func:`pools.core.explain.explain` costs three queries plus two per pool for *one* entry; a
 page listing the tasks of a run would pay that per task. :func:`explain_entries` reads
 what the decision needs once per pool (holders, recent hold times, the head of the line,
-the positions of the listed entries) and then calls the same :func:`pools.explain.decide`
+the positions of the listed entries) and then calls the same :func:`pools.core.explain.decide`
 for every waiting entry, so the answer is the one the REST API gives, at a cost of
 ``2 + 3 x pools`` queries whatever the number of entries.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from pools import explain as core
+from pools.core import explain as core
 from pools.models import Demand, EntryState, Pool, QueueEntry
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pools.admission import Admission, Finished
+from pools.core.records import Admission, Finished
 
 
 class RecordingBridge:

@@ -58,7 +58,7 @@ def recorder(settings: pytest.FixtureRequest) -> Iterator[object]:
     pools = dict(settings.POOLS)  # type: ignore[attr-defined]
     pools["PUBLISHER"] = "tests.bridge.recorder"
     settings.POOLS = pools  # type: ignore[attr-defined]
-    from pools import dispatch
+    from pools.core import dispatch
 
     rec.reset()
     dispatch._scheduled.clear()  # wake-ups remembered by this process belong to one test

@@ -11,9 +11,9 @@ down; nothing is hard-coded). ``POOLS["PUBLISHER"]`` is replaced in the children
 :data:`publisher`, so nothing touches Celery: an admission is only written to the recorder.
 
 Each child both submits (random priorities, some entries naming two pools) and settles:
-it picks admitted entries, claims one with :func:`pools.leases.start` (compare-and-set: one
+it picks admitted entries, claims one with :func:`pools.core.leases.start` (compare-and-set: one
 process wins), records ``start``, sleeps a little, records ``end`` and calls
-:func:`pools.admission.settle`.
+:func:`pools.core.admission.settle`.
 
 The recorder is independent of the pools bookkeeping (never ``Demand`` rows): an
 append-only log whose sequence gives one global order to every event:
@@ -411,14 +411,15 @@ def _retrying(stats: ChildStats, what: str, fn: Any, *args: Any) -> Any:
 
 
 def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
-    from pools import admission, leases, sqlpath
-    from pools.admission import Submission
+    from pools.core import admission, leases
+    from pools.core.records import Submission
     from pools.models import QueueEntry
+    from pools.pg import fastpath
     from pools.specs import PoolSpec
 
     if cfg.sabotage:
         admission._held_by_pool = lambda pool_ids: {}  # type: ignore[assignment]
-    stats.fast_path = sqlpath.enabled()
+    stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec
     rng = random.Random(cfg.seed * 1000 + cfg.index)
@@ -519,7 +520,7 @@ def _admission_sql() -> str:
 
     import pools
 
-    return (Path(pools.__file__).resolve().parent / "sql" / "admission_v3.sql").read_text()
+    return (Path(pools.__file__).resolve().parent / "pg" / "sql" / "admission_v3.sql").read_text()
 
 
 def install_sabotaged_sql() -> None:
@@ -658,10 +659,10 @@ def run(
     if connection.vendor == "sqlite" and (db_name == ":memory:" or "mode=memory" in db_name):
         raise RuntimeError("the contention run needs a file database, not an in-memory one")
 
-    from pools import sqlpath
+    from pools.pg import fastpath
 
     if fast_path is None:
-        fast_path = sqlpath.enabled()
+        fast_path = fastpath.enabled()
     fast_path = fast_path and connection.vendor == "postgresql"
     recorder = Recorder.create(connection.vendor, db_name)
     if sabotage and fast_path:

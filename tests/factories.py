@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from pools import admission
-from pools.admission import Enqueued, Submission
+from pools.core import admission
+from pools.core.records import Enqueued, Submission
 from pools.models import Pool
 from pools.specs import PoolSpec
 

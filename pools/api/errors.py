@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
+from pools.core.snapshots import InvalidCursor
 from pools.exceptions import (
     EntryNotFound,
     JobNotFound,
@@ -33,7 +34,6 @@ from pools.exceptions import (
     PoolUnavailable,
     UnknownPool,
 )
-from pools.snapshots import InvalidCursor
 
 logger = logging.getLogger("pools.api")
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from rest_framework import serializers
 
-from pools import definitions
+from pools.core import definitions
+from pools.core.explain import BLOCKERS
 from pools.exceptions import PoolConfigurationError
-from pools.explain import BLOCKERS
 from pools.models import Pool
 
 

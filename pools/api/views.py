@@ -18,10 +18,11 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from pools import admission, definitions, explain, jobs, snapshots
 from pools.api import errors, permissions
 from pools.api import serializers as s
 from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, view_schema
+from pools.celery import jobs
+from pools.core import admission, definitions, explain, snapshots
 from pools.exceptions import EntryNotFound, PoolRefused, UnknownPool
 from pools.models import Origin, Pool
 

@@ -47,9 +47,9 @@ null_bridge = NullBridge()
 
 
 def _fill(pools: int, per_pool: int) -> None:
-    from pools import admission
-    from pools.admission import Submission
     from pools.bench import backlog
+    from pools.core import admission
+    from pools.core.records import Submission
     from pools.models import EntryState, Pool, QueueEntry
     from pools.specs import PoolSpec
 

@@ -21,8 +21,9 @@ from celery.utils import uuid
 from django.db import connection, transaction
 from django.utils import timezone
 
-from pools import admission, messages
 from pools.bench.progress import Progress
+from pools.celery import messages
+from pools.core import admission
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
 
 #: Every pool the benchmark creates starts with this; it deletes them (and their rows) after.

@@ -18,12 +18,13 @@ from typing import Any
 
 from django.db import connection
 
-from pools import conf, sweeps
+from pools import conf
 from pools.bench import backlog, recipe, stats, tasks
 from pools.bench.context import Context
 from pools.bench.runs import Run, plain_run, pooled_run
 from pools.bench.workers import POOLED_QUEUE, RECIPE_QUEUE
 from pools.bench.workloads import SLOW
+from pools.core import sweeps
 from pools.models import EventKind, PoolEvent, QueueEntry
 
 #: Pool priorities of the mix, and the Celery (Redis) message priority the recipe uses for

@@ -1,6 +1,6 @@
-"""PostgreSQL functions of the admission fast path (``pools/sql/admission_v1.sql``).
+"""PostgreSQL functions of the admission fast path (``pools/pg/sql/admission_v1.sql``).
 
-Nothing is created on other databases: they use the ORM path of :mod:`pools.admission`.
+Nothing is created on other databases: they use the ORM path of :mod:`pools.core.admission`.
 A later version of the functions gets a new file and a new migration, so this one
 keeps meaning what it meant.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import migrations
 
-SQL = Path(__file__).resolve().parent.parent / "sql" / "admission_v1.sql"
+SQL = Path(__file__).resolve().parent.parent / "pg" / "sql" / "admission_v1.sql"
 DROP = """
 DROP FUNCTION IF EXISTS pools_enqueue_v1(
     text, text, jsonb, jsonb, jsonb, jsonb, integer, timestamptz, timestamptz, timestamptz,

@@ -2,7 +2,7 @@
 
 Demand rows of a waiting entry whose ``not_before`` is ahead become ``delayed`` with
 their due time as ``enqueued_at`` (they join the line when due), a partial index finds
-the next due row per pool, and the stored functions of ``pools/sql/admission_v2.sql``
+the next due row per pool, and the stored functions of ``pools/pg/sql/admission_v2.sql``
 replace version 1 (whose file stays as migration 0002 created it).
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from django.db import migrations, models
 
-SQL_V2 = Path(__file__).resolve().parent.parent / "sql" / "admission_v2.sql"
-SQL_V1 = Path(__file__).resolve().parent.parent / "sql" / "admission_v1.sql"
+SQL_V2 = Path(__file__).resolve().parent.parent / "pg" / "sql" / "admission_v2.sql"
+SQL_V1 = Path(__file__).resolve().parent.parent / "pg" / "sql" / "admission_v1.sql"
 
 
 def _drop(version: int) -> str:

@@ -1,4 +1,4 @@
-"""Fast-path functions version 3 (``pools/sql/admission_v3.sql``) replace version 2.
+"""Fast-path functions version 3 (``pools/pg/sql/admission_v3.sql``) replace version 2.
 
 Version 3 returns named columns (one meaning per column), refuses in the contract's
 precedence (docs/concepts/contract.md), returns the event rows it wrote when asked (so
@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import migrations
 
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+SQL_DIR = Path(__file__).resolve().parent.parent / "pg" / "sql"
 SQL_V3 = SQL_DIR / "admission_v3.sql"
 SQL_V2 = SQL_DIR / "admission_v2.sql"
 DROP_V2 = """

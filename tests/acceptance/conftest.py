@@ -202,7 +202,7 @@ def celery_workers(
     ``allow_errors=True`` exempts these workers from the "no ERROR lines" teardown check,
     for tests that inject faults the workers are expected to log.
     """
-    from pools import definitions
+    from pools.core import definitions
     from tests.celery_app import app
 
     broker = settings.CELERY_BROKER_URL

@@ -94,7 +94,8 @@ def celery_beat(
     def start() -> Beat:
         from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-        from pools import beat, conf
+        from pools import conf
+        from pools.celery import beat
 
         # The row was written by migrate/flush with the settings of that moment; write it
         # again with this test's SWEEP_SECONDS (what migrate does), then check it.

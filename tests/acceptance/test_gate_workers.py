@@ -8,7 +8,8 @@ from collections import Counter
 
 from celery.result import AsyncResult
 
-from pools import definitions, snapshot
+from pools import snapshot
+from pools.core import definitions
 from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import max_overlap

@@ -58,7 +58,7 @@ def test_arguments__bytes_arrive_unchanged(worker):
 
 
 def test_expires__passing_while_waiting_revokes_it_as_celery_does(worker):
-    from pools import admission, definitions
+    from pools.core import admission, definitions
 
     definitions.set_paused("partner-api", True)  # keeps the call waiting past its expiry
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from celery.result import AsyncResult
 from celery.utils import uuid
 
-from pools import gate
+from pools.celery import gate
 from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS, wait_for
 from tests.celery_app import app

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from pools import admission, leases
+from pools.core import admission, leases
 from pools.models import EntryState, QueueEntry
 from tests.browser.conftest import login, screenshot
 from tests.factories import make_pool, submit

@@ -58,7 +58,7 @@ def test_pool_admin__pause_and_resume_go_through_the_service(admin_client: Clien
     assert "already paused" in again.content.decode()
     # While paused, a freed slot admits nothing; resuming admits the head at once.
     holder = next(a for a in line.admissions if a.key == "holder")
-    from pools import admission
+    from pools.core import admission
 
     assert admission.settle(holder.entry_id, holder.token, "succeeded")
     assert QueueEntry.objects.get(key="w1").state == EntryState.WAITING

@@ -11,7 +11,7 @@ from django.db import OperationalError
 from django.test import Client
 from django.urls import reverse
 
-from pools import admission, leases
+from pools.core import admission, leases
 from pools.models import EntryState, Pool, QueueEntry
 from tests.factories import make_pool, submit
 from tests.integration.admin_support import ADMIN_APPS, card_row, card_rows

@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from pools import admission, leases
+from pools.core import admission, leases
 from pools.models import QueueEntry
 from pools_admin import timeline
 from pools_admin.timeline import Hold

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from pools import admission
+from pools.core import admission
 from pools.exceptions import (
     DemandExceedsCapacity,
     EntryNotFound,

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from pools import admission
+from pools.core import admission
 from pools.models import Demand, EntryState, Pool, QueueEntry
 from tests.factories import make_pool, submit
 from tests.integration.api_support import API_APPS, client_for, error, make_user, url

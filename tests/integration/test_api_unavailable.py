@@ -82,7 +82,7 @@ def test_patch_and_delete_pool__locked_pool_is_503(recorder, admin_client, short
 
 def test_reads__database_error_is_503(admin_client):
     boom = OperationalError("server closed the connection unexpectedly")
-    with mock.patch("pools.snapshots.snapshot_all", side_effect=boom):
+    with mock.patch("pools.core.snapshots.snapshot_all", side_effect=boom):
         assert error(admin_client.get(url("pools/"))) == (503, UNAVAILABLE)
-    with mock.patch("pools.explain.explain_key", side_effect=boom):
+    with mock.patch("pools.core.explain.explain_key", side_effect=boom):
         assert error(admin_client.get(url("entries/k/"))) == (503, UNAVAILABLE)

@@ -25,7 +25,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from pools import admission
+from pools.core import admission
 from pools.models import Demand, EntryState, EventKind, PoolEvent, QueueEntry
 from tests import contention
 from tests.conftest import POOL_APPS, _admission_paths

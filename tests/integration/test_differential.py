@@ -35,8 +35,9 @@ from unittest import mock
 import pytest
 from django.db import connection
 
-from pools import admission, dispatch, leases, signals, sweeps
-from pools.admission import Submission
+from pools import signals
+from pools.core import admission, dispatch, leases, records, sweeps
+from pools.core.records import Submission
 from pools.exceptions import PoolError
 from pools.models import Demand, Pool, PoolEvent, QueueEntry
 from pools.specs import PoolSpec
@@ -189,13 +190,13 @@ def bridge_output(rec: Any) -> dict[str, Any]:
 
 def summary(value: Any) -> Any:
     """A return value in path-independent form."""
-    if isinstance(value, admission.Enqueued):
+    if isinstance(value, records.Enqueued):
         return {"enqueued": value.key, "admitted": value.admitted}
     if isinstance(value, leases.Claim):
         return {"claim": value.demand, "lease": offset(value.lease_expires_at)}
     if isinstance(value, QueueEntry):
         return {"entry": value.key, "state": value.state, "reason": value.reason}
-    if isinstance(value, list) and value and isinstance(value[0], admission.Admission):
+    if isinstance(value, list) and value and isinstance(value[0], records.Admission):
         return sorted(a.key for a in value)
     if isinstance(value, sweeps.SweepReport):
         return [value.requeued, value.expired, value.admitted, value.pruned]
@@ -432,7 +433,7 @@ def test_differential__sql_and_orm_paths_agree_step_by_step(seed, settings, reco
 def test_differential__self_test_catches_a_planted_difference(settings, recorder, listener):
     """The comparison can fail: with the ORM path's ``started`` events planted without
     their worker, the first start is reported as a difference."""
-    from pools import events
+    from pools.core import events
 
     sql = run_path(DEFAULT_SEEDS[0], True, settings, recorder, listener)
     real = events.record

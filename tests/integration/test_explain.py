@@ -1,4 +1,4 @@
-"""Why is it waiting (pools.explain) and the pool views (pools.snapshots), on a real database."""
+"""Why is it waiting (pools.core.explain) and the pool views (pools.core.snapshots), on a real database."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from pools import admission, explain, snapshots
+from pools.core import admission, explain, snapshots
 from pools.exceptions import EntryNotFound, UnknownPool
 from pools.models import Demand, EntryState, Pool, QueueEntry
 from tests.conftest import POOL_APPS

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import EncodeError
 
-from pools import messages
+from pools.celery import messages
 from pools.exceptions import PoolConfigurationError, UnknownPool
 from pools.models import EntryState, QueueEntry
 from tests.conftest import POOL_APPS
@@ -154,11 +154,14 @@ def test_arguments__held_with_the_serializer_and_compression_celery_uses(
     entry = QueueEntry.objects.get(key=result.id)
     held = messages.held_in(entry.options)
     assert held is not None
-    assert held.content_type == {
-        "json": "application/json",
-        "pickle": "application/x-python-serialize",
-        "yaml": "application/x-yaml",
-    }[serializer]
+    assert (
+        held.content_type
+        == {
+            "json": "application/json",
+            "pickle": "application/x-python-serialize",
+            "yaml": "application/x-yaml",
+        }[serializer]
+    )
     assert held.headers.get("compression") == (
         "application/x-gzip" if compression == "zlib" else None
     )

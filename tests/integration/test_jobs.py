@@ -1,4 +1,4 @@
-"""Manual start of a periodic task (pools.jobs.start_job) through the gate."""
+"""Manual start of a periodic task (pools.celery.jobs.start_job) through the gate."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from celery import signals
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from pools import jobs
+from pools.celery import jobs
 from pools.exceptions import JobNotFound, PoolFull
 from pools.models import EntryState, Origin, QueueEntry
 from tests.conftest import POOL_APPS

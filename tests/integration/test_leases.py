@@ -11,9 +11,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from pools import admission, leases, sweeps
+from pools.celery.keeper import LeaseKeeper, body_running
+from pools.core import admission, leases, sweeps
 from pools.exceptions import LeaseLost
-from pools.keeper import LeaseKeeper, body_running
 from pools.models import EntryState, EventKind, PoolEvent, QueueEntry
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
@@ -89,7 +89,7 @@ def test_sweep__no_reclaim_wake_up_when_no_lease_ends_before_the_next_sweep(reco
 
 
 def test_admit_task__reclaims_lapsed_leases_before_admitting(recorder):
-    from pools.tasks import admit
+    from pools.celery.tasks import admit
 
     make_pool("p", 1)
     submit("p", key="dead")

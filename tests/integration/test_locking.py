@@ -26,8 +26,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from pools import admission
-from pools.admission import Enqueued
+from pools.core import admission
+from pools.core.records import Enqueued
 from pools.exceptions import PoolUnavailable
 from pools.models import Demand, EntryState, Pool, PoolEvent, QueueEntry
 from tests.conftest import POOL_APPS
@@ -416,7 +416,7 @@ def test_partial_indexes__serve_the_queries_that_use_them(recorder):
 def test_sweep__does_not_requeue_a_claim_started_after_it_read_the_lapsed_leases(recorder):
     from unittest import mock
 
-    from pools import leases, sweeps
+    from pools.core import leases, sweeps
 
     make_pool("p", 1)
     submit("p", key="late-msg")

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from pools import admission, leases, signals
+from pools import signals
+from pools.core import admission, leases
 from pools.models import PoolEvent
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pools import leases, snapshots
+from pools.core import leases, snapshots
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 

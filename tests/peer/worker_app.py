@@ -27,7 +27,7 @@ app.conf.update(
     result_extended=True,
     task_create_missing_queues=False,
     worker_hijack_root_logger=False,
-    include=["t.integration.tasks", *(["pools.tasks"] if POOLED else [])],
+    include=["t.integration.tasks", *(["pools.celery.tasks"] if POOLED else [])],
 )
 if POOLED:
     app.conf.db_reuse_max = 1000

@@ -7,6 +7,7 @@ from django.db import OperationalError
 from rest_framework import exceptions
 
 from pools.api import errors
+from pools.core.snapshots import InvalidCursor
 from pools.exceptions import (
     DemandExceedsCapacity,
     EntryNotFound,
@@ -20,7 +21,6 @@ from pools.exceptions import (
     PoolUnavailable,
     UnknownPool,
 )
-from pools.snapshots import InvalidCursor
 
 CASES = [
     (EntryNotFound("k"), 404, "entry_not_found"),

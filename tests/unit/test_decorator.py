@@ -6,7 +6,7 @@ import pytest
 from celery import Celery, Task, shared_task
 
 from pools import pooled
-from pools.decorators import spec_of
+from pools.celery.decorators import spec_of
 from pools.exceptions import PoolConfigurationError
 
 
@@ -101,7 +101,7 @@ def test_bad_arguments__rejected_at_decoration():
 @pytest.fixture
 def gated_calls(monkeypatch):
     """Record every entry into the worker-side gate (instead of checking a claim)."""
-    from pools import worker
+    from pools.celery import worker
 
     calls: list[str] = []
 
@@ -116,7 +116,7 @@ def gated_calls(monkeypatch):
 def test_gate_task__autoretry_class_task_runs_through_the_gate(app, gated_calls):
     # Celery's autoretry_for wraps ``run`` on the instance; gating by name (POOLS["TASKS"])
     # must gate that wrapper too, or the body would run without a claim.
-    from pools.decorators import gate_task
+    from pools.celery.decorators import gate_task
     from pools.specs import PoolSpec
 
     class Flaky(Task):
@@ -134,7 +134,7 @@ def test_gate_task__autoretry_class_task_runs_through_the_gate(app, gated_calls)
 
 
 def test_gate_task__autoretry_function_task_runs_through_the_gate(app, gated_calls):
-    from pools.decorators import gate_task
+    from pools.celery.decorators import gate_task
     from pools.specs import PoolSpec
 
     @app.task(autoretry_for=(ValueError,))

@@ -1,10 +1,10 @@
 """A shipped stored-function file never changes: a change is a new version and a migration.
 
-Each ``pools/sql/admission_vN.sql`` is created by a migration that other databases have
+Each ``pools/pg/sql/admission_vN.sql`` is created by a migration that other databases have
 already applied; editing it would make fresh installs and upgraded ones run different
 functions under the same name. So the files are pinned here by checksum. To change the
 functions, add ``admission_v(N+1).sql`` and a migration that creates it and drops vN,
-switch the callers (:mod:`pools.sqlpath` users) to it, and pin the new file below.
+switch the callers (:mod:`pools.pg.fastpath` users) to it, and pin the new file below.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pools
 
-SQL_DIR = Path(pools.__file__).resolve().parent / "sql"
+SQL_DIR = Path(pools.__file__).resolve().parent / "pg" / "sql"
 MIGRATIONS = Path(pools.__file__).resolve().parent / "migrations"
 
 #: sha256 of every shipped version file.
@@ -49,7 +49,7 @@ def test_sql_versions__the_callers_use_the_latest_version_and_a_migration_create
     latest = max(int(re.search(r"v(\d+)", name).group(1)) for name in PINNED)  # type: ignore[union-attr]
     package = Path(pools.__file__).resolve().parent
     called = set()
-    for module in ("admission.py", "leases.py", "sqlpath.py"):
+    for module in ("core/admission.py", "core/leases.py", "pg/fastpath.py"):
         called |= set(re.findall(r"pools_[a-z]+_v(\d+)", (package / module).read_text()))
     assert called == {str(latest)}, f"callers use versions {sorted(called)}, latest is v{latest}"
     creators = [

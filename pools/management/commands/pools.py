@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from argparse import ArgumentParser
+from argparse import ArgumentParser, Namespace
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from pools import admission, definitions, snapshots, sweeps
-from pools.bench import cli as bench_cli
+from pools.core import admission, definitions, snapshots, sweeps
+from pools.core.snapshots import PoolSnapshot
 from pools.exceptions import PoolError
-from pools.snapshots import PoolSnapshot
 
 
 def bar(held: int, slots: int, width: int = 20) -> str:
@@ -41,12 +40,31 @@ class Command(BaseCommand):
         cancel = sub.add_parser("cancel", help="Cancel a waiting entry by key (task id).")
         cancel.add_argument("key")
         sub.add_parser("sweep", help="Run one sweep pass (lapsed leases, deadlines, admission).")
+        # The benchmark is an optional extra: its own parser reads these arguments, so
+        # pools.bench is imported only when it runs ('pools bench --help' lists them).
         bench = sub.add_parser(
             "bench",
             help="Benchmark pools against plain Celery and the Redis-lock recipe "
             "(starts its own workers; see docs/benchmarks.md).",
+            add_help=False,
         )
-        bench_cli.add_arguments(bench)
+        bench.set_defaults(bench_args=[])
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parse_known = parser.parse_known_args
+
+        def parse_args(args: Any = None, namespace: Any = None) -> Namespace:
+            # What follows 'bench' is the benchmark's own (see do_bench).
+            values, rest = parse_known(args, namespace)
+            if rest and getattr(values, "action", None) != "bench":
+                parser.error(f"unrecognized arguments: {' '.join(rest)}")
+            if getattr(values, "action", None) == "bench":
+                values.bench_args = rest
+            return values
+
+        parser.parse_args = parse_args  # type: ignore[method-assign,assignment]
+        return parser
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
@@ -97,9 +115,14 @@ class Command(BaseCommand):
         entry = admission.cancel(key)
         self.stdout.write(f"cancelled #{entry.queue_id} {entry.task_name} ({key})")
 
-    def do_bench(self, **options: Any) -> None:
+    def do_bench(self, bench_args: list[str], **options: Any) -> None:
+        from pools.bench import cli as bench_cli
+
+        parser = ArgumentParser(prog="manage.py pools bench")
+        bench_cli.add_arguments(parser)
+        values = vars(parser.parse_args(bench_args))
         try:
-            results = bench_cli.run(options, self.stdout)
+            results = bench_cli.run(values, self.stdout)
         except RuntimeError as exc:  # a worker that did not start, no result backend, ...
             raise CommandError(str(exc)) from exc
         failed = [k for k, v in results.items() if isinstance(v, dict) and "error" in v]

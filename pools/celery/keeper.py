@@ -36,11 +36,12 @@ from typing import Any
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from pools import conf, leases
+from pools import conf
+from pools.core import admission, leases
+from pools.core.leases import Claim
 from pools.exceptions import LeaseLost
-from pools.leases import Claim
 
-logger = logging.getLogger("pools.keeper")
+logger = logging.getLogger("pools.celery.keeper")
 
 INTERRUPT_SIGNAL = signal.SIGUSR2
 
@@ -170,8 +171,6 @@ class LeaseKeeper:
 
     def retry_settles(self) -> None:
         """Write deferred completions; drop those whose lease has lapsed."""
-        from pools import admission
-
         with self._lock:
             pending, self._pending = self._pending, []
         keep: list[_PendingSettle] = []

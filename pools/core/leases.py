@@ -13,8 +13,10 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from pools import admission, conf, events, sqlpath
-from pools.models import EntryState, EventKind, QueueEntry
+from pools import conf
+from pools.core import events, locking
+from pools.models import EntryState, EventKind, PoolEvent, QueueEntry
+from pools.pg import fastpath
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,10 +42,10 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     now = timezone.now()
     lease = conf.get().LEASE_SECONDS
     worker = worker[:255]
-    if sqlpath.enabled():
-        reply = sqlpath.call(
+    if fastpath.enabled():
+        reply = fastpath.call(
             "pools_start_v3",
-            [entry_id, token, worker, now, lease, sqlpath.listening()],
+            [entry_id, token, worker, now, lease, fastpath.listening()],
             what="starting a claim",
         )
         row = reply.first("started")
@@ -54,7 +56,7 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
             entry_id=entry_id, token=token, demand=dict(row.demand or {}), lease_expires_at=row.at
         )
     until = now + timedelta(seconds=lease)
-    with admission.bounded("starting a claim"):
+    with locking.bounded("starting a claim"):
         changed = QueueEntry.objects.filter(
             pk=entry_id, token=token, state=EntryState.ADMITTED
         ).update(state=EntryState.RUNNING, started_at=now, worker=worker, lease_expires_at=until)
@@ -74,7 +76,7 @@ def renew(entry_id: int, token: int) -> datetime | None:
     """
     until = timezone.now() + timedelta(seconds=conf.get().LEASE_SECONDS)
     with transaction.atomic():
-        sqlpath.set_bound()
+        locking.set_bound()
         changed = (
             QueueEntry.objects.held()
             .filter(pk=entry_id, token=token)
@@ -93,7 +95,7 @@ def redeliver(entry_id: int, token: int) -> bool:
     stale token. Held slots do not change, so no pool lock is needed (see module docstring).
     """
     until = timezone.now() + timedelta(seconds=conf.get().LEASE_SECONDS)
-    with admission.bounded("handing a claim back for redelivery"):
+    with locking.bounded("handing a claim back for redelivery"):
         changed = QueueEntry.objects.filter(
             pk=entry_id, token=token, state=EntryState.RUNNING
         ).update(state=EntryState.ADMITTED, lease_expires_at=until, reason="redelivery")
@@ -102,8 +104,6 @@ def redeliver(entry_id: int, token: int) -> bool:
 
 def record_skipped(entry_id: int | None, key: str, token: int | None, why: str) -> None:
     """Log a delivery that was not run (stale token, no claim); sends ``delivery_skipped``."""
-    from pools.models import PoolEvent
-
     event = PoolEvent(
         at=timezone.now(),
         kind=EventKind.SKIPPED,

@@ -28,6 +28,14 @@ from kombu.serialization import loads as deserialize
 from kombu.serialization import prepare_accept_content
 from kombu.utils import json as kombu_json
 
+#: Message header carrying ``"<entry id>:<token>"`` on admitted messages.
+CLAIM_HEADER = "pools_claim"
+#: Internal ``send_task`` option marking a publish made by the gate itself.
+ADMITTED_OPTION = "_pools_admitted"
+#: Internal ``send_task`` option naming the origin of a submission (e.g. ungated delivery).
+ORIGIN_OPTION = "_pools_origin"
+#: The documented ``apply_async`` option for per-call pool overrides.
+CALL_OPTION = "pool_options"
 #: Key of the held message inside ``QueueEntry.options``.
 OPTION_KEY = "message"
 #: Format version of the stored form.

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pools.celery import gate
 from pools.exceptions import JobNotFound, PoolConfigurationError
 from pools.models import Origin, QueueEntry
 
@@ -53,8 +54,6 @@ def start_job(name: str, *, origin: str = Origin.MANUAL) -> JobStarted:
     from celery import current_app
     from celery.utils import uuid
     from django_celery_beat.models import PeriodicTask
-
-    from pools import gate
 
     job = PeriodicTask.objects.filter(name=name).first()
     if job is None:

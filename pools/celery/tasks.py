@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from pools import admission, sweeps
+from pools.core import admission, sweeps
 
 
 @shared_task(name="pools.sweep", ignore_result=True)

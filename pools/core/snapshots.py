@@ -10,7 +10,7 @@ Every function reads with a fixed number of queries, whatever the depth of the l
 The heads of the lines are read with one correlated subquery per head place, each a short
 range of the ``pools_demand_line`` index; counts per state are one grouped count over the
 pools' unfinished demand rows; ``recent`` terminal entries and the hold times of the ETA
-come from one query over what finished within :data:`pools.explain.HOLD_WINDOW`.
+come from one query over what finished within :data:`pools.core.explain.HOLD_WINDOW`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 from django.db.models import Case, CharField, Count, F, OuterRef, Q, QuerySet, Subquery, When
 from django.utils import timezone
 
-from pools import explain
+from pools.core import explain
+from pools.core.explain import PoolView
 from pools.exceptions import UnknownPool
-from pools.explain import PoolView
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
 from pools.querysets import held_slots_expr
 
@@ -67,9 +67,9 @@ class LineItem:
     root_id: str = ""
     #: Every pool the entry asks for, ``{name: slots}``.
     demand: dict[str, int] = field(default_factory=dict)
-    #: Waiting entries: one of :data:`pools.explain.BLOCKERS`, or ``None`` if admissible.
+    #: Waiting entries: one of :data:`pools.core.explain.BLOCKERS`, or ``None`` if admissible.
     blocked_by: str | None = None
-    #: Waiting entries: the human sentence of :mod:`pools.explain`.
+    #: Waiting entries: the human sentence of :mod:`pools.core.explain`.
     message: str = ""
     #: Waiting entries: estimated admission time (``None`` when unknown).
     eta: datetime | None = None

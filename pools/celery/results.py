@@ -16,8 +16,8 @@ from celery.app.task import Context
 from celery.exceptions import TaskRevokedError
 from celery.utils.functional import maybe_list
 
-from pools import messages
-from pools.admission import EXPIRES, Finished
+from pools.celery import messages
+from pools.core.records import EXPIRES, Finished
 from pools.exceptions import QueueTimeout
 
 

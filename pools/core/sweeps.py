@@ -1,7 +1,7 @@
 """The sweep: the safety net run by celery-beat every few seconds (and by ``pools sweep``).
 
 Idempotent and safe to run on many workers at once: every change goes through
-:mod:`pools.admission`, whose compare-and-set updates under pool locks make a
+:mod:`pools.core.admission`, whose compare-and-set updates under pool locks make a
 second sweeper's work a no-op.
 """
 
@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from pools import admission, conf, dispatch
+from pools import conf
+from pools.core import admission, dispatch
 from pools.models import TERMINAL_STATES, PoolEvent, QueueEntry
 
 #: Lapsed leases handled per sweep (the next sweep takes the rest).

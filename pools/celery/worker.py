@@ -18,13 +18,17 @@ from typing import Any
 
 from celery import current_task, signals
 from celery.exceptions import Ignore, WorkerLostError
+from django.db import connection
 
-from pools import leases
+from pools import conf
+from pools.celery import messages
+from pools.celery.keeper import body_running, keeper
+from pools.core import admission, leases, nodes
+from pools.core.leases import Claim
 from pools.exceptions import LeaseLost
-from pools.keeper import body_running, keeper
-from pools.leases import Claim
+from pools.models import Origin
 
-logger = logging.getLogger("pools.worker")
+logger = logging.getLogger("pools.celery.worker")
 
 _local = threading.local()
 _claims: dict[str, Claim] = {}
@@ -111,8 +115,6 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
 
 def _drop_broken_connection() -> None:
     """Reconnect after a database error (connections are kept between tasks, see below)."""
-    from django.db import connection
-
     if connection.errors_occurred and not connection.is_usable():
         connection.close()
 
@@ -125,16 +127,13 @@ def _enqueue_unclaimed(task: Any, request: Any) -> None:
         task.name,
         request.id,
     )
-    from pools import gate
-    from pools.models import Origin
-
     options = request.as_execution_options()
     options.pop("task_id", None)
-    options[gate.ORIGIN_OPTION] = Origin.UNGATED
+    options[messages.ORIGIN_OPTION] = Origin.UNGATED
     task.app.send_task(task.name, request.args, request.kwargs, task_id=request.id, **options)
 
 
-@signals.task_postrun.connect(dispatch_uid="pools.worker.settle")
+@signals.task_postrun.connect(dispatch_uid="pools.celery.worker.settle")
 def _settle_after_run(
     sender: Any = None,
     task_id: str | None = None,
@@ -145,7 +144,7 @@ def _settle_after_run(
     """Release the claim once the attempt has settled (result stored, callbacks sent).
 
     A body that raised ``Reject(requeue=True)`` asked Celery to deliver it again: its
-    claim stays valid for that redelivery (:func:`pools.leases.redeliver`), which then
+    claim stays valid for that redelivery (:func:`pools.core.leases.redeliver`), which then
     runs as in plain Celery, ``delivery_info["redelivered"]`` and all.
     """
     if task_id is None:
@@ -154,8 +153,6 @@ def _settle_after_run(
         claim = _claims.pop(task_id, None)
     if claim is None:
         return
-    from pools import admission
-
     lost, expires_at = keeper.release(claim.entry_id)
     _drop_broken_connection()
     try:
@@ -175,21 +172,19 @@ def _settle_after_run(
         logger.exception("Could not release entry %s; its lease will lapse", claim.entry_id)
 
 
-@signals.task_revoked.connect(dispatch_uid="pools.worker.revoked")
+@signals.task_revoked.connect(dispatch_uid="pools.celery.worker.revoked")
 def _release_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     """A revoked/terminated/expired delivery (worker main process) gives its slots back."""
     parsed = claim_of(request)
     if parsed is None:
         return
-    from pools import admission
-
     try:
         admission.settle(parsed[0], parsed[1], "cancelled", reason="revoked")
     except Exception:
         logger.exception("Could not release revoked entry %s; its lease will lapse", parsed[0])
 
 
-@signals.task_failure.connect(dispatch_uid="pools.worker.lost")
+@signals.task_failure.connect(dispatch_uid="pools.celery.worker.lost")
 def _requeue_lost(
     sender: Any = None, exception: BaseException | None = None, **kwargs: Any
 ) -> None:
@@ -205,8 +200,6 @@ def _requeue_lost(
     parsed = claim_of(getattr(sender, "request", None))
     if parsed is None:
         return
-    from pools import admission
-
     try:
         if admission.requeue(parsed[0], parsed[1], reason="worker lost"):
             logger.warning("Entry %s requeued: its worker process was lost", parsed[0])
@@ -221,10 +214,6 @@ class _NodeHeartbeat(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        from django.db import connection
-
-        from pools import conf, nodes
-
         while not self.stopped.is_set():
             try:
                 nodes.beat(self.hostname)
@@ -237,19 +226,7 @@ class _NodeHeartbeat(threading.Thread):
 _heartbeat: _NodeHeartbeat | None = None
 
 
-@signals.worker_init.connect(dispatch_uid="pools.worker.init")
-def _gate_declared_tasks(sender: Any = None, **kwargs: Any) -> None:
-    """Before the pool forks: gate tasks pooled only by name in ``POOLS['TASKS']``."""
-    from pools import gate
-
-    app = getattr(sender, "app", None)
-    if app is not None:
-        app.loader.import_default_modules()
-        for name in gate.pool_declared_tasks(app):
-            logger.info("Task %s is pooled by POOLS['TASKS']", name)
-
-
-@signals.worker_init.connect(dispatch_uid="pools.worker.db_reuse")
+@signals.worker_init.connect(dispatch_uid="pools.celery.worker.db_reuse")
 def _warn_about_reconnects(sender: Any = None, **kwargs: Any) -> None:
     """Celery's Django fixup closes DB connections around every task unless told otherwise."""
     app = getattr(sender, "app", None)
@@ -262,7 +239,7 @@ def _warn_about_reconnects(sender: Any = None, **kwargs: Any) -> None:
         )
 
 
-@signals.worker_ready.connect(dispatch_uid="pools.worker.ready")
+@signals.worker_ready.connect(dispatch_uid="pools.celery.worker.ready")
 def _start_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
     """Record this worker as live while it runs (node affinity, UI)."""
     global _heartbeat
@@ -272,13 +249,11 @@ def _start_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
         _heartbeat.start()
 
 
-@signals.worker_shutdown.connect(dispatch_uid="pools.worker.shutdown")
+@signals.worker_shutdown.connect(dispatch_uid="pools.celery.worker.shutdown")
 def _stop_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
     if _heartbeat is None:
         return
     _heartbeat.stopped.set()
-    from pools import nodes
-
     try:
         nodes.gone(_heartbeat.hostname)
     except Exception:

@@ -1,9 +1,7 @@
-"""Admission: the only module that takes row locks.
+"""Admission: the ORM path of every state change of a waiting or held entry.
 
-Lock order (every transaction here follows it, so none can deadlock another):
-
-1. pool rows, ``SELECT ... FOR UPDATE`` ordered by pool name;
-2. then entry and demand rows of those pools (plain ``UPDATE``s).
+Row locks are taken through :mod:`pools.core.locking` (pool rows ``FOR UPDATE`` in name
+order, then entry and demand rows of those pools), so no transaction can deadlock another.
 
 Invariant protected: for every pool, the slots held by its admitted and running
 entries never exceed its capacity. Every change to a *waiting* or *held* entry
@@ -23,34 +21,42 @@ admission pass after it is due moves it into line as if it had been sent then
 (``enqueued_at`` = its due time), and a timed wake-up makes that pass happen on time.
 
 Transactions are short: task bodies and broker publishes run after commit
-(:mod:`pools.dispatch`).
+(:mod:`pools.core.dispatch`).
 
 This module is the ORM path of the admission contract (``docs/concepts/contract.md``:
 preconditions, refusal precedence, bound, rows and events per operation); the stored
-functions of :mod:`pools.sqlpath` are the other, and ``tests/integration/
+functions of :mod:`pools.pg.fastpath` are the other, and ``tests/integration/
 test_differential.py`` holds the two to it.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, ProgrammingError, transaction
+from django.db import transaction
 from django.db.models import Case, F, Sum, Value, When
 from django.utils import timezone
 
-from pools import conf, dispatch, events, sqlpath
+from pools import conf
+from pools.core import dispatch, events
+from pools.core.locking import locked_pools, unavailable_on_error
+from pools.core.records import (
+    EXPIRES,
+    QUEUE_TIMEOUT,
+    Admission,
+    Enqueued,
+    Finished,
+    Submission,
+)
 from pools.exceptions import (
     DemandExceedsCapacity,
     EntryNotFound,
     NotCancellable,
     PoolFull,
-    PoolUnavailable,
     UnknownPool,
 )
 from pools.models import (
@@ -59,11 +65,10 @@ from pools.models import (
     Demand,
     EntryState,
     EventKind,
-    Origin,
     Pool,
     QueueEntry,
 )
-from pools.specs import PoolSpec
+from pools.pg import fastpath
 
 #: ``reason`` of a held entry whose termination was requested (``cancel(terminate=True)``).
 TERMINATING = "terminating"
@@ -73,67 +78,6 @@ LINE_BATCH = 200
 MAX_PASSES = 4
 #: At most this many delayed entries join the line per admission pass (the rest next pass).
 PROMOTE_BATCH = 500
-#: ``reason`` of an entry whose Celery ``expires`` passed while it waited.
-EXPIRES = "expired"
-#: ``reason`` of an entry whose ``queue_timeout`` passed while it waited.
-QUEUE_TIMEOUT = "queue_timeout"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Submission:
-    """Everything needed to put one call of a pooled task in line."""
-
-    #: Public key: the Celery task id.
-    key: str
-    #: Registered Celery task name.
-    task_name: str
-    #: What the call asks of its pools (after per-call overrides).
-    spec: PoolSpec
-    #: Positional arguments as shown in the admin and API (JSON data, or Celery's repr of
-    #: them when they are not plain JSON); the message itself is in ``options``.
-    args: Sequence[Any] | str = ()
-    #: Keyword arguments, shown like ``args``.
-    kwargs: dict[str, Any] | str = field(default_factory=dict)
-    #: Celery publish options held until admission.
-    options: dict[str, Any] = field(default_factory=dict)
-    #: Earliest admission time (ETA / countdown).
-    not_before: datetime | None = None
-    #: Celery's ``expires``: the entry ends (as Celery ends an expired task) if still waiting.
-    expires: datetime | None = None
-    #: Where the call came from.
-    origin: str = Origin.CODE
-    #: Workflow ids.
-    root_id: str = ""
-    parent_id: str = ""
-    #: Celery attempt number (``retries``).
-    attempt: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Admission:
-    """An entry that was just admitted: publish its message with this token."""
-
-    entry_id: int
-    key: str
-    token: int
-    task_name: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    options: dict[str, Any]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Finished:
-    """A waiting entry that ended without running (expired, cancelled, rejected)."""
-
-    entry_id: int
-    key: str
-    task_name: str
-    state: str
-    pool: str
-    deadline: datetime | None
-    options: dict[str, Any]
-    reason: str
 
 
 @dataclass(kw_only=True)
@@ -144,44 +88,6 @@ class _Pass:
     needs: set[str] = field(default_factory=set)
     #: Pools whose head waits for its ``not_before``: when to run admission again.
     wake: dict[str, datetime] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- locking
-
-
-@contextmanager
-def unavailable_on_error(what: str) -> Iterator[None]:
-    """Database errors and timeouts inside surface as :class:`PoolUnavailable`.
-
-    Integrity and programming errors (bugs, a missing migration) are not disguised.
-    """
-    try:
-        yield
-    except (IntegrityError, ProgrammingError):
-        raise  # a bug or a schema problem, not an outage: do not disguise it
-    except DatabaseError as exc:
-        raise PoolUnavailable(f"pool state is unavailable ({what}): {exc}".strip()) from exc
-
-
-@contextmanager
-def bounded(what: str) -> Iterator[None]:
-    """A transaction bounded by ``LOCK_TIMEOUT_SECONDS`` (lock waits and each statement);
-    errors as in :func:`unavailable_on_error`."""
-    with unavailable_on_error(what), transaction.atomic():
-        sqlpath.set_bound()
-        yield
-
-
-@contextmanager
-def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
-    """Open a bounded transaction holding the row locks of ``names`` (in name order).
-
-    Database errors and lock timeouts surface as :class:`PoolUnavailable`.
-    """
-    wanted = sorted(set(names))
-    with bounded(f"pools {', '.join(wanted)}"):
-        pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
-        yield {p.name: p for p in pools}
 
 
 def _held_by_pool(pool_ids: Iterable[int]) -> dict[int, int]:
@@ -473,16 +379,6 @@ def admit_all() -> list[Admission]:
 # --------------------------------------------------------------------------- services
 
 
-@dataclass(frozen=True, kw_only=True)
-class Enqueued:
-    """Outcome of :func:`enqueue`."""
-
-    entry_id: int
-    key: str
-    #: True when the fast path admitted the entry in the submitter's transaction.
-    admitted: bool
-
-
 def enqueue(sub: Submission) -> Enqueued:
     """Put a call in line and admit whatever fits (the fast path), in one transaction.
 
@@ -492,7 +388,7 @@ def enqueue(sub: Submission) -> Enqueued:
     now = timezone.now()
     spec = sub.spec
     deadline = _deadline(sub, now)
-    if sqlpath.enabled():
+    if fastpath.enabled():
         return _enqueue_in_one_call(sub, now, deadline)
     with locked_pools(spec.demand) as pools:
         _refuse(spec.demand, pools)
@@ -578,15 +474,15 @@ def _deadline(sub: Submission, now: datetime) -> datetime | None:
 def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
     """:func:`enqueue` as one call of ``pools_enqueue_v3`` (PostgreSQL fast path)."""
     spec = sub.spec
-    reply = sqlpath.call(
+    reply = fastpath.call(
         "pools_enqueue_v3",
         [
             sub.key,
             sub.task_name,
-            sqlpath.jsonb(_shown(sub.args)),
-            sqlpath.jsonb(_shown(sub.kwargs)),
-            sqlpath.jsonb(sub.options),
-            sqlpath.jsonb(dict(spec.demand)),
+            fastpath.jsonb(_shown(sub.args)),
+            fastpath.jsonb(_shown(sub.kwargs)),
+            fastpath.jsonb(sub.options),
+            fastpath.jsonb(dict(spec.demand)),
             spec.priority,
             now,
             sub.not_before,
@@ -596,7 +492,7 @@ def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | No
             sub.parent_id or "",
             sub.attempt,
             conf.get().LEASE_SECONDS,
-            sqlpath.listening(),
+            fastpath.listening(),
         ],
         what=f"pools {', '.join(sorted(spec.demand))}",
     )
@@ -620,7 +516,7 @@ def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | No
     )
 
 
-def _on_commit(reply: sqlpath.Reply) -> list[Admission]:
+def _on_commit(reply: fastpath.Reply) -> list[Admission]:
     """Hand a fast-path call's admissions, wake-ups and events to the after-commit hooks."""
     admissions = [
         Admission(
@@ -654,7 +550,7 @@ def settle(
     Returns False, changing nothing, when the token is stale, the entry already settled,
     or (``live_lease=True``, used by workers) its lease has already lapsed.
     """
-    if sqlpath.enabled():
+    if fastpath.enabled():
         return _settle_in_one_call(entry_id, token, outcome, reason, live_lease)
     with unavailable_on_error(f"settling entry {entry_id}"):
         entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
@@ -688,7 +584,7 @@ def _settle_in_one_call(
     entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
 ) -> bool:
     """:func:`settle` as one call of ``pools_settle_v3`` (PostgreSQL fast path)."""
-    reply = sqlpath.call(
+    reply = fastpath.call(
         "pools_settle_v3",
         [
             entry_id,
@@ -698,7 +594,7 @@ def _settle_in_one_call(
             live_lease,
             timezone.now(),
             conf.get().LEASE_SECONDS,
-            sqlpath.listening(),
+            fastpath.listening(),
         ],
         what=f"settling entry {entry_id}",
     )

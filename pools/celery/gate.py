@@ -17,27 +17,21 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery.app import base as celery_base
 from django.utils import timezone
 
-from pools import conf, messages
-from pools.admission import Admission, Finished, Submission
-from pools.decorators import spec_of
+from pools import conf
+from pools.celery import messages, results
+from pools.celery.decorators import gate_task, spec_of
+from pools.celery.messages import ADMITTED_OPTION, CALL_OPTION, CLAIM_HEADER, ORIGIN_OPTION
+from pools.core import admission
+from pools.core.records import Admission, Finished, Submission
 from pools.exceptions import PoolConfigurationError
 from pools.models import Origin
 from pools.specs import PoolSpec
 
-logger = logging.getLogger("pools.gate")
-
-#: Message header carrying ``"<entry id>:<token>"`` on admitted messages.
-CLAIM_HEADER = "pools_claim"
-#: Internal ``send_task`` option marking a publish made by the gate itself.
-ADMITTED_OPTION = "_pools_admitted"
-#: Internal ``send_task`` option naming the origin of a submission (e.g. ungated delivery).
-ORIGIN_OPTION = "_pools_origin"
-#: The documented ``apply_async`` option for per-call pool overrides.
-CALL_OPTION = "pool_options"
+logger = logging.getLogger("pools.celery.gate")
 
 
 _original_send_task: Callable[..., Any] | None = None
@@ -64,8 +58,6 @@ def _install_revoke_hook() -> None:
     _original_revoke = control.Control.revoke
 
     def revoke(self: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
-        from pools import admission
-
         for key in [task_id] if isinstance(task_id, str) else list(task_id or ()):
             admission.cancel_if_waiting(key, reason="revoked")
         assert _original_revoke is not None
@@ -79,8 +71,6 @@ def pool_declared_tasks(app: Celery) -> list[str]:
 
     Without this a worker would run such a task's body without a claim.
     """
-    from pools.decorators import gate_task
-
     wrapped = []
     for name, declared in conf.get().TASKS.items():
         task = app.tasks.get(name)
@@ -96,6 +86,16 @@ def pool_declared_tasks(app: Celery) -> list[str]:
             gate_task(task, PoolSpec.from_dict(declared))
             wrapped.append(name)
     return wrapped
+
+
+@signals.worker_init.connect(dispatch_uid="pools.celery.gate.declared_tasks")
+def _gate_declared_tasks(sender: Any = None, **kwargs: Any) -> None:
+    """Before the pool forks: gate tasks pooled only by name in ``POOLS['TASKS']``."""
+    app = getattr(sender, "app", None)
+    if app is not None:
+        app.loader.import_default_modules()
+        for name in pool_declared_tasks(app):
+            logger.info("Task %s is pooled by POOLS['TASKS']", name)
 
 
 def _similar(name: str, names: Any) -> list[str]:
@@ -147,7 +147,7 @@ def _submit(
     """Let Celery build the message as it would publish it, and put it in line instead.
 
     ``send_task`` runs unchanged (routing, headers, ``reply_to``, publish signals, the
-    app's serializer) with a :class:`~pools.messages.CapturingProducer`: its ``publish``
+    app's serializer) with a :class:`~pools.celery.messages.CapturingProducer`: its ``publish``
     enqueues the message. A refusal (``PoolFull``, ``PoolUnavailable``, ...) is raised
     from there, before ``after_task_publish``, just as a broker error would be.
     """
@@ -173,8 +173,6 @@ def _submit(
 
 
 def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: str | None) -> None:
-    from pools import admission
-
     headers = message.headers
     headers.pop(CLAIM_HEADER, None)
     if origin is None:
@@ -245,7 +243,7 @@ class CeleryBridge:
             messages.publish(producer, held, extra_headers=claim, queues=app.amqp.queues, now=now)
             return
         # An entry stored before messages were held whole: rebuild it with send_task.
-        assert _original_send_task is not None, "pools.gate.install() was not called"
+        assert _original_send_task is not None, "pools.celery.gate.install() was not called"
         options = dict(adm.options)
         headers = {**(options.pop("headers", None) or {}), **claim}
         _original_send_task(
@@ -253,11 +251,9 @@ class CeleryBridge:
         )
 
     def _publish_failed(self, adm: Admission, exc: Exception) -> None:
-        from pools import admission as admission_service
-
         logger.exception("Publishing admitted entry %s failed; requeueing it", adm.entry_id)
         try:
-            admission_service.requeue(
+            admission.requeue(
                 adm.entry_id, adm.token, reason=f"publish failed: {exc}"[:255], admit=False
             )
         except Exception:
@@ -265,8 +261,6 @@ class CeleryBridge:
 
     def report_finished(self, finished: Sequence[Finished]) -> None:
         """Store a failure (expired) or revocation (cancelled) result for each entry."""
-        from pools import results
-
         for item in finished:
             try:
                 results.report(item)

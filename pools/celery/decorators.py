@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from celery import Task
 from celery.local import PromiseProxy, Proxy
 
+from pools.celery import worker
 from pools.exceptions import PoolConfigurationError
 from pools.specs import PoolSpec
 
@@ -89,8 +90,6 @@ def _wrap_function(fn: Callable[..., Any], spec: PoolSpec) -> Callable[..., Any]
 
     @functools.wraps(fn)
     def gated(*args: Any, **kwargs: Any) -> Any:
-        from pools import worker
-
         return worker.run_gated(fn, args, kwargs)
 
     # Celery checks call arguments with getfullargspec(), which ignores __wrapped__.

@@ -2,9 +2,9 @@
 the one place their rows are decoded.
 
 Enqueue, settle+admit and start each run as one call of a function created by migration
-0006 (``pools/sql/admission_v3.sql``): one round trip, so a pool's row lock is held for
+0006 (``pools/pg/sql/admission_v3.sql``): one round trip, so a pool's row lock is held for
 the time the database needs, not for a dozen client round trips. The functions implement
-the contract of ``docs/concepts/contract.md`` like :mod:`pools.admission` does, and hand
+the contract of ``docs/concepts/contract.md`` like :mod:`pools.core.admission` does, and hand
 anything unusual (multi-pool heads, deadlines, due multi-pool entries) back to it. They
 are used when the database is PostgreSQL and ``POOLS["SQL_FAST_PATH"]`` is true (the
 default). Connected signal receivers do not change the path: the functions then also
@@ -24,12 +24,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
 
 from pools import conf, signals
+from pools.core.locking import BOUND, bound_params
 from pools.exceptions import PoolUnavailable
 from pools.models import PoolEvent
-
-#: Sets the bound of the statement that follows it in the same query string. A
-#: ``statement_timeout`` set inside a function would not bound the running statement.
-BOUND = "SET LOCAL lock_timeout = %s; SET LOCAL statement_timeout = %s; "
 
 
 def enabled() -> bool:
@@ -40,23 +37,6 @@ def enabled() -> bool:
 def listening() -> bool:
     """True when some lifecycle signal has a receiver (the functions then return events)."""
     return any(signal.has_listeners(PoolEvent) for signal in signals.BY_KIND.values())
-
-
-def bound_params() -> list[str]:
-    """Parameters of :data:`BOUND`: ``LOCK_TIMEOUT_SECONDS`` for both timeouts."""
-    ms = f"{int(conf.get().LOCK_TIMEOUT_SECONDS * 1000)}ms"
-    return [ms, ms]
-
-
-def set_bound() -> None:
-    """Bound the rest of the current transaction (PostgreSQL; nothing elsewhere).
-
-    Used by the ORM path (:func:`pools.admission.bounded`, :func:`pools.leases.renew`):
-    the same ``SET LOCAL`` the fast path sends in front of each call.
-    """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(BOUND.rstrip("; "), bound_params())
 
 
 @dataclass(frozen=True, kw_only=True)

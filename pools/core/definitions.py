@@ -8,9 +8,15 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from pools import conf, events
-from pools.exceptions import PoolConfigurationError
-from pools.models import EventKind, Pool
+from pools import conf
+from pools.core import admission, events, locking
+from pools.exceptions import (
+    PoolConfigurationError,
+    PoolDefinedInSettings,
+    PoolInUse,
+    UnknownPool,
+)
+from pools.models import TERMINAL_STATES, Demand, EventKind, Pool
 from pools.specs import validate_pool_name, validate_slots
 
 _FIELDS = {"slots", "max_queued", "paused", "description"}
@@ -73,7 +79,6 @@ class SyncReport:
 
 def sync() -> SyncReport:
     """Create or update the pools declared in settings (pools made in the admin are kept)."""
-    from pools import admission
 
     created: list[str] = []
     updated: list[str] = []
@@ -121,7 +126,6 @@ def sync() -> SyncReport:
 
 def pool_saved(pool: Pool, *, old_slots: int | None, old_paused: bool | None) -> None:
     """After a pool was created or edited (admin, API): log the change and run admission."""
-    from pools import admission
 
     now = timezone.now()
     if old_slots is not None and old_slots != pool.slots:
@@ -144,8 +148,6 @@ def set_paused(name: str, paused: bool) -> bool:
     Returns True if the pool's state changed. The change is logged as a capacity event;
     resuming runs admission after commit. Raises :class:`UnknownPool` for an unknown name.
     """
-    from pools import admission
-    from pools.exceptions import UnknownPool
 
     now = timezone.now()
     with transaction.atomic():
@@ -235,8 +237,6 @@ def update_pool(name: str, **changes: Any) -> Pool:
     Logs capacity/pause changes and runs admission after commit (:func:`pool_saved`).
     Raises ``UnknownPool``, ``PoolConfigurationError`` or ``PoolUnavailable``.
     """
-    from pools import admission
-    from pools.exceptions import UnknownPool
 
     if "name" in changes and changes["name"] != name:
         exc = PoolConfigurationError(
@@ -246,7 +246,7 @@ def update_pool(name: str, **changes: Any) -> Pool:
         raise exc
     changes.pop("name", None)
     values = validate_fields(changes)
-    with admission.locked_pools([name]) as locked:
+    with locking.locked_pools([name]) as locked:
         pool = locked.get(name)
         if pool is None:
             raise UnknownPool(name)
@@ -265,11 +265,8 @@ def delete_pool(name: str) -> None:
     ``PoolInUse`` while entries wait for it or hold its slots (checked under its lock).
     Raises ``UnknownPool`` or ``PoolUnavailable``.
     """
-    from pools import admission
-    from pools.exceptions import PoolDefinedInSettings, PoolInUse, UnknownPool
-    from pools.models import TERMINAL_STATES, Demand
 
-    with admission.locked_pools([name]) as locked:
+    with locking.locked_pools([name]) as locked:
         pool = locked.get(name)
         if pool is None:
             raise UnknownPool(name)

@@ -1,7 +1,7 @@
 """Hands admitted entries (and entries that ended while waiting) to the task runner.
 
 The core does not know Celery: it calls the *bridge* named by ``POOLS["PUBLISHER"]``
-(by default :mod:`pools.gate`) after the admitting transaction commits, so a
+(by default :mod:`pools.celery.gate`) after the admitting transaction commits, so a
 message is never published for a claim that was rolled back.
 """
 
@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from pools import conf
-
-if TYPE_CHECKING:
-    from pools.admission import Admission, Finished
+from pools.core.records import Admission, Finished
 
 
 class Bridge(Protocol):

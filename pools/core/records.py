@@ -1,0 +1,87 @@
+"""The records that cross layers: what a call submits, what admission hands back.
+
+They live below their users (admission, dispatch, the pg fast path, the Celery gate)
+so none of those has to import another to name them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pools.models import Origin
+from pools.specs import PoolSpec
+
+#: ``reason`` of an entry whose Celery ``expires`` passed while it waited.
+EXPIRES = "expired"
+#: ``reason`` of an entry whose ``queue_timeout`` passed while it waited.
+QUEUE_TIMEOUT = "queue_timeout"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submission:
+    """Everything needed to put one call of a pooled task in line."""
+
+    #: Public key: the Celery task id.
+    key: str
+    #: Registered Celery task name.
+    task_name: str
+    #: What the call asks of its pools (after per-call overrides).
+    spec: PoolSpec
+    #: Positional arguments as shown in the admin and API (JSON data, or Celery's repr of
+    #: them when they are not plain JSON); the message itself is in ``options``.
+    args: Sequence[Any] | str = ()
+    #: Keyword arguments, shown like ``args``.
+    kwargs: dict[str, Any] | str = field(default_factory=dict)
+    #: Celery publish options held until admission.
+    options: dict[str, Any] = field(default_factory=dict)
+    #: Earliest admission time (ETA / countdown).
+    not_before: datetime | None = None
+    #: Celery's ``expires``: the entry ends (as Celery ends an expired task) if still waiting.
+    expires: datetime | None = None
+    #: Where the call came from.
+    origin: str = Origin.CODE
+    #: Workflow ids.
+    root_id: str = ""
+    parent_id: str = ""
+    #: Celery attempt number (``retries``).
+    attempt: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """An entry that was just admitted: publish its message with this token."""
+
+    entry_id: int
+    key: str
+    token: int
+    task_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    """A waiting entry that ended without running (expired, cancelled, rejected)."""
+
+    entry_id: int
+    key: str
+    task_name: str
+    state: str
+    pool: str
+    deadline: datetime | None
+    options: dict[str, Any]
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Enqueued:
+    """Outcome of :func:`enqueue`."""
+
+    entry_id: int
+    key: str
+    #: True when the fast path admitted the entry in the submitter's transaction.
+    admitted: bool
