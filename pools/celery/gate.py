@@ -108,6 +108,12 @@ def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:
     """The pool spec of task ``name``: from the task's decorator, else ``POOLS['TASKS']``."""
     if task_type is None:
         task_type = app._tasks.get(name)  # type: ignore[attr-defined]  # raw registry: no finalize
+        if task_type is None and not app.finalized and app.autofinalize:
+            # @shared_task tasks join an app's registry when it is finalized. A process whose
+            # app is not finalized yet (a web process that only calls send_task by name)
+            # would otherwise send a pooled task around the gate.
+            app.finalize(auto=True)
+            task_type = app._tasks.get(name)  # type: ignore[attr-defined]
     spec = spec_of(task_type) if task_type is not None else None
     if spec is None:
         declared = conf.get().TASKS.get(name)

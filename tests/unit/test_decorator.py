@@ -154,3 +154,16 @@ def test_below_app_task__autoretry_is_gated_once(app, gated_calls):
 
     assert flaky.run() == "ran"
     assert gated_calls == ["flaky"], "gated once, inside Celery's autoretry wrapper"
+
+
+# Finalizing a fresh app registers every @shared_task, including this file's same-named ones.
+@pytest.mark.filterwarnings("ignore::celery.exceptions.DuplicateTaskNameWarning")
+def test_spec_for__finds_a_shared_task_by_name_before_the_app_is_finalized():
+    """send_task("name") from a process whose app is not finalized yet is still gated."""
+    from pools.celery import gate
+    from tests.testapp import tasks  # noqa: F401  (registers the @shared_task tasks)
+
+    fresh = Celery("unfinalized", set_as_current=False)
+    assert not fresh.finalized
+    spec = gate.spec_for(fresh, "tests.testapp.tasks.record")
+    assert spec is not None and spec.demand == {"warehouse": 1}
