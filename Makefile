@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo test test-sqlite test-postgres test-browser test-peer peer-full browsers lint docs services clean
+.PHONY: install demo test test-sqlite test-postgres test-chaos test-browser test-peer peer-full browsers lint docs services clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,12 @@ test-postgres: install services
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
 	$(BIN)/pytest -q tests/integration tests/acceptance --ignore tests/acceptance/test_demo.py
 
+# Chaos: 2,000 pooled tasks through 3 pools on 3 prefork workers + beat while 20 faults hit
+# (SIGKILL, SIGSTOP past the lease, PostgreSQL restart, Redis restart, cancel bursts); it
+# restarts the servers, so it runs alone (~3 min). Soak: python -m tests.chaos.run --help.
+test-chaos: install services
+	$(BIN)/pytest -q -s tests/chaos
+
 # Debian's Chromium for the browser tests (Playwright never downloads a browser here).
 # Installed with apt when missing; still missing afterwards is an error, not a skip.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -62,7 +68,7 @@ test-peer: install services
 peer-full: install services
 	$(BIN)/python -m tests.peer.run
 
-test: browsers lint docs test-sqlite test-postgres test-browser test-peer
+test: browsers lint docs test-sqlite test-postgres test-chaos test-browser test-peer
 
 clean:
 	rm -rf $(VENV) .site .pytest_cache

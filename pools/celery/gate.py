@@ -19,6 +19,7 @@ from typing import Any
 
 from celery import Celery, signals
 from celery.app import base as celery_base
+from django.db import connection
 from django.utils import timezone
 
 from pools import conf
@@ -27,7 +28,7 @@ from pools.celery.decorators import gate_task, spec_of
 from pools.celery.messages import ADMITTED_OPTION, CALL_OPTION, CLAIM_HEADER, ORIGIN_OPTION
 from pools.core import admission
 from pools.core.records import Admission, Finished, Submission
-from pools.exceptions import PoolConfigurationError
+from pools.exceptions import PoolConfigurationError, PoolUnavailable
 from pools.models import Origin
 from pools.specs import PoolSpec
 
@@ -108,7 +109,8 @@ def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:
     """The pool spec of task ``name``: from the task's decorator, else ``POOLS['TASKS']``."""
     if task_type is None:
         task_type = app._tasks.get(name)  # type: ignore[attr-defined]  # raw registry: no finalize
-        if task_type is None and not app.finalized and app.autofinalize:
+        unfinalized = not getattr(app, "finalized", True)  # not in celery-types' stubs
+        if task_type is None and unfinalized and getattr(app, "autofinalize", True):
             # @shared_task tasks join an app's registry when it is finalized. A process whose
             # app is not finalized yet (a web process that only calls send_task by name)
             # would otherwise send a pooled task around the gate.
@@ -188,22 +190,50 @@ def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: str | N
     stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
     if expires is not None:
         stored["expires"] = expires.isoformat()
-    admission.enqueue(
-        Submission(
-            key=message.task_id,
-            task_name=message.task_name,
-            spec=spec,
-            args=args,
-            kwargs=kwargs,
-            options=stored,
-            not_before=message.header_time("eta"),
-            expires=expires,
-            origin=origin,
-            root_id=str(headers.get("root_id") or ""),
-            parent_id=str(headers.get("parent_id") or ""),
-            attempt=int(headers.get("retries") or 0),
-        )
+    try:
+        admission.enqueue(_submission(message, spec, origin, args, kwargs, stored, expires))
+    except PoolUnavailable:
+        _drop_broken_connection()
+        raise
+
+
+def _submission(
+    message: messages.HeldMessage,
+    spec: PoolSpec,
+    origin: str,
+    args: Any,
+    kwargs: Any,
+    stored: dict[str, Any],
+    expires: datetime | None,
+) -> Submission:
+    headers = message.headers
+    return Submission(
+        key=message.task_id,
+        task_name=message.task_name,
+        spec=spec,
+        args=args,
+        kwargs=kwargs,
+        options=stored,
+        not_before=message.header_time("eta"),
+        expires=expires,
+        origin=origin,
+        root_id=str(headers.get("root_id") or ""),
+        parent_id=str(headers.get("parent_id") or ""),
+        attempt=int(headers.get("retries") or 0),
     )
+
+
+def _drop_broken_connection() -> None:
+    """After an outage, let the next call reconnect.
+
+    Web requests close broken connections at their end; beat and scripts that call pooled
+    tasks live longer, and without this every later call would fail on the dead connection
+    (after a PostgreSQL restart, say). Inside the caller's own transaction it is left alone.
+    """
+    if connection.connection is None or connection.in_atomic_block:
+        return
+    if not connection.is_usable():
+        connection.close()
 
 
 def _display(message: messages.HeldMessage) -> tuple[Any, Any]:
