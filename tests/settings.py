@@ -62,7 +62,7 @@ if DB_KIND == "postgres":
             "NAME": os.environ.get("POOLS_PG_NAME", "pools"),
             "USER": "postgres",
             "HOST": "127.0.0.1",
-            "PORT": "5432",
+            "PORT": os.environ.get("POOLS_PG_PORT", "5432"),
             "TEST": {"NAME": os.environ.get("POOLS_PG_TEST_NAME", "test_pools")},
         }
     }
