@@ -315,14 +315,23 @@ class CeleryBridge:
 
         assert _original_send_task is not None
         delay = max(0.0, (when - timezone.now()).total_seconds())
-        _original_send_task(
-            current_app,
-            "pools.admit",
-            (list(pools),),
-            countdown=delay,
-            expires=delay + 60,
-            ignore_result=True,
-        )
+        try:
+            _original_send_task(
+                current_app,
+                "pools.admit",
+                (list(pools),),
+                countdown=delay,
+                expires=delay + 60,
+                ignore_result=True,
+            )
+        except Exception as exc:
+            # The entries are safely in line: the caller's call must not fail for this, and
+            # the sweep (every SWEEP_SECONDS) runs the admission the wake-up would have.
+            logger.warning(
+                "Timed wake-up of pools %s not sent (%s); the next sweep admits them",
+                ", ".join(pools),
+                exc,
+            )
 
 
 #: The bridge named by the default ``POOLS["PUBLISHER"]``.

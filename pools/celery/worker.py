@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +26,11 @@ from pools.celery import messages
 from pools.celery.keeper import body_running, keeper
 from pools.core import admission, leases, nodes
 from pools.core.leases import Claim
-from pools.exceptions import LeaseLost
+from pools.exceptions import LeaseLost, PoolUnavailable
 from pools.models import Origin
+
+#: Longest a worker retries starting a claim while pool state is unavailable.
+START_RETRY_SECONDS = 10.0
 
 logger = logging.getLogger("pools.celery.worker")
 
@@ -85,7 +89,9 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         raise Ignore()
     entry_id, token = parsed
     _drop_broken_connection()
-    claim = leases.start(entry_id, token, worker=request.hostname or "")
+    claim = start_claim(
+        entry_id, token, worker=request.hostname or "", what=f"{task.name}[{request.id}]"
+    )
     if claim is None:
         logger.warning(
             "Skipping delivery of %s[%s]: claim %s:%s is stale or already used",
@@ -111,6 +117,36 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         raise
     finally:
         _local.claim = None
+
+
+def start_claim(entry_id: int, token: int, *, worker: str, what: str) -> Claim | None:
+    """``leases.start``, retried through a short database outage (a PostgreSQL restart).
+
+    If pool state stays unavailable for half a lease (10 s at most), the delivery is dropped
+    without running and without a result (``Ignore``): the entry is still admitted, its
+    lease lapses and it is admitted and published again (at-least-once). Letting
+    :class:`PoolUnavailable` escape instead would store a FAILURE for a task that will run
+    later, and fire its error callbacks.
+    """
+    deadline = time.monotonic() + min(conf.get().LEASE_SECONDS / 2, START_RETRY_SECONDS)
+    delay = 0.1
+    while True:
+        try:
+            return leases.start(entry_id, token, worker=worker)
+        except PoolUnavailable as exc:
+            connection.close()  # the next try reconnects
+            if time.monotonic() + delay > deadline:
+                logger.warning(
+                    "%s: could not start claim %s:%s (%s); not running this delivery, the "
+                    "entry runs again once its lease lapses",
+                    what,
+                    entry_id,
+                    token,
+                    exc,
+                )
+                raise Ignore() from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 def _drop_broken_connection() -> None:

@@ -566,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if pending:
         print(f"results not final (first 5): {pending[:5]}")
-    print(f"work directory: {workdir}" if args.keep else "", end="")
+    if args.keep:
+        print(f"work directory: {workdir}")
     print(summary)
     failed = bool(violations) or lost > 0 or bool(pending)
     if not args.keep and not failed:
