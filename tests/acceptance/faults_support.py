@@ -13,15 +13,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.acceptance.conftest import read_log, start_celery, stop_processes, wait_for
+from pools.celery import processes
+from pools.celery.processes import Process
+from tests.acceptance.conftest import start_celery, wait_for
 
 #: Lease used by the fault tests; the heartbeat is a third of it (1 s).
 LEASE_SECONDS = 3.0
@@ -69,12 +70,10 @@ def shared_dir(tmp_path: Path) -> Path:
 class Beat:
     """One ``celery beat`` subprocess."""
 
-    proc: subprocess.Popen[bytes]
-    log: Path
-    _log_file: Any = field(repr=False, default=None)
+    process: Process
 
     def log_text(self) -> str:
-        return read_log(self.log)
+        return self.process.log_text()
 
     def sweeps_sent(self) -> int:
         """How many ``pools: sweep`` messages beat has sent so far."""
@@ -108,7 +107,7 @@ def celery_beat(
             IntervalSchedule.SECONDS,
         )
         log = tmp_path / f"beat-{len(started) + 1}.log"
-        proc, log_file = start_celery(
+        process = start_celery(
             request,
             [
                 "beat",
@@ -121,13 +120,14 @@ def celery_beat(
             ],
             cwd=tmp_path,  # nothing beat writes lands in the repository
             log=log,
+            name=f"beat-{len(started) + 1}",
         )
-        handle = Beat(proc=proc, log=log, _log_file=log_file)
+        handle = Beat(process)
         started.append(handle)
 
         def first_sweep_sent() -> bool:
-            if proc.poll() is not None:
-                pytest.fail(f"beat exited with {proc.returncode}:\n{handle.log_text()[-5000:]}")
+            if not process.alive():
+                pytest.fail(f"beat exited with {process.returncode}:\n{handle.log_text()[-5000:]}")
             return handle.sweeps_sent() > 0
 
         wait_for(first_sweep_sent, BEAT_START_TIMEOUT, "beat to send its first sweep", 0.2)
@@ -135,7 +135,7 @@ def celery_beat(
 
     yield start
 
-    stop_processes(started, BEAT_STOP_TIMEOUT)
+    processes.stop([b.process for b in started], BEAT_STOP_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- recorder
