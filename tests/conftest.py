@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from pytest_django import Settings
+
+from tests.bridge import RecordingBridge
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -51,13 +54,13 @@ def _services(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture
-def recorder(settings: pytest.FixtureRequest) -> Iterator[object]:
+def recorder(settings: Settings) -> Iterator[RecordingBridge]:
     """Route admissions to an in-memory recorder instead of Celery."""
     from tests.bridge import recorder as rec
 
-    pools = dict(settings.POOLS)  # type: ignore[attr-defined]
+    pools = dict(settings.POOLS)
     pools["PUBLISHER"] = "tests.bridge.recorder"
-    settings.POOLS = pools  # type: ignore[attr-defined]
+    settings.POOLS = pools
     from pools.core import dispatch
 
     rec.reset()
@@ -71,7 +74,7 @@ def _admission_paths() -> list[str]:
 
 
 @pytest.fixture(params=_admission_paths())
-def admission_path(request: pytest.FixtureRequest, settings: Any) -> str:
+def admission_path(request: pytest.FixtureRequest, settings: Settings) -> str:
     """Run a test on PostgreSQL's stored-function fast path and on the portable ORM path."""
     settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": request.param == "sql"}
     return str(request.param)

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from django.conf import settings
@@ -56,6 +56,18 @@ _names = itertools.count(1)
 
 #: One ``celery worker`` subprocess: node name, ``proc``, ``log``, ``log_text()``, ``alive()``.
 Worker = Process
+
+
+class StartWorkers(Protocol):
+    """The ``celery_workers`` fixture: start workers, return them once they answer a ping."""
+
+    def __call__(
+        self,
+        count: int = 2,
+        concurrency: int = 4,
+        pool: str = "prefork",
+        allow_errors: bool = False,
+    ) -> list[Worker]: ...
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -126,7 +138,7 @@ def start_celery(
 @pytest.fixture
 def celery_workers(
     request: pytest.FixtureRequest, tmp_path: Path, transactional_db: None
-) -> Iterator[Callable[..., list[Worker]]]:
+) -> Iterator[StartWorkers]:
     """Factory: ``celery_workers(count=2, concurrency=4)`` -> ready :class:`Worker` handles.
 
     ``pool`` picks the execution pool (``"prefork"`` by default, or ``"threads"``/``"solo"``).

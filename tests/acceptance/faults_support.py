@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pytest_django import Settings
 
 from pools.celery import processes
 from pools.celery.processes import Process
-from tests.acceptance.conftest import start_celery, wait_for
+from tests.acceptance.conftest import StartWorkers, start_celery, wait_for
 
 #: Lease used by the fault tests; the heartbeat is a third of it (1 s).
 LEASE_SECONDS = 3.0
@@ -49,7 +50,7 @@ __all__ = [
 
 
 @pytest.fixture
-def short_leases(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+def short_leases(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> None:
     """LEASE_SECONDS=3 (heartbeat 1 s) and SWEEP_SECONDS=1 here and in workers started later."""
     monkeypatch.setenv("POOLS_LEASE_SECONDS", str(LEASE_SECONDS))
     monkeypatch.setenv("POOLS_SWEEP_SECONDS", str(SWEEP_SECONDS))
@@ -82,7 +83,7 @@ class Beat:
 
 @pytest.fixture
 def celery_beat(
-    request: pytest.FixtureRequest, tmp_path: Path, celery_workers: Any
+    request: pytest.FixtureRequest, tmp_path: Path, celery_workers: StartWorkers
 ) -> Iterator[Callable[[], Beat]]:
     """Factory: start a real beat (DatabaseScheduler) once the sweep schedule is checked.
 

@@ -31,7 +31,7 @@ def settled(*keys: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def workers(celery_workers):
+def workers(celery_workers: StartWorkers) -> list[Worker]:
     return celery_workers(count=2, concurrency=2)
 
 

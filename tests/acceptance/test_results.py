@@ -63,7 +63,7 @@ class Holder:
 
 
 @pytest.fixture
-def holder(celery_workers, shared_dir: Path) -> Holder:
+def holder(celery_workers: StartWorkers, shared_dir: Path) -> Holder:
     """One worker, a 1-slot pool, and a running task holding it."""
     Pool.objects.create(name=RESULTS_POOL, slots=1)
     celery_workers(count=1, concurrency=2)

@@ -22,7 +22,7 @@ TIMEOUT = 60
 
 
 @pytest.fixture
-def worker(celery_workers):
+def worker(celery_workers: StartWorkers) -> list[Worker]:
     return celery_workers(count=1, concurrency=2)
 
 

@@ -30,7 +30,7 @@ def _card_numbers(page: Any, pool: str) -> dict[str, int]:
 
 
 @pytest.fixture
-def queue(recorder):
+def queue(recorder: RecordingBridge) -> RecordingBridge:
     make_pool("warehouse", 3)
     make_pool("partner-api", 1)
     for i in range(3):

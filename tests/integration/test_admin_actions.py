@@ -28,7 +28,7 @@ def _action(client: Client, model: str, action: str, pks: list[int], **extra: st
 
 
 @pytest.fixture
-def line(recorder):
+def line(recorder: RecordingBridge) -> RecordingBridge:
     make_pool("wh", 1)
     submit("wh", key="holder")
     submit("wh", key="w1", priority=3)
@@ -143,7 +143,7 @@ def test_entry_admin__no_add_no_delete(admin_client: Client, line):
 
 
 @pytest.fixture
-def jobs(recorder):
+def jobs(recorder: RecordingBridge) -> dict[str, PeriodicTask]:
     make_pool("warehouse", 1, max_queued=1)
     every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.HOURS)
     return {

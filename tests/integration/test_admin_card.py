@@ -22,7 +22,7 @@ INDEX = "/admin/"
 
 
 @pytest.fixture
-def busy(recorder):
+def busy(recorder: RecordingBridge) -> RecordingBridge:
     """``wh`` (2 slots): one running and one admitted holder, four waiting; ``api`` paused."""
     make_pool("wh", 2)
     make_pool("api", 1, paused=True)

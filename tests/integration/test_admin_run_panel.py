@@ -28,7 +28,7 @@ def _finish(rec, key: str, outcome: str = "succeeded") -> None:
 
 
 @pytest.fixture
-def run(recorder):
+def run(recorder: RecordingBridge) -> RecordingBridge:
     """A run of five tasks on ``wh`` (2 slots) and ``api`` (1): done, running, waiting."""
     make_pool("wh", 2)
     make_pool("api", 1)

@@ -16,16 +16,16 @@ pytestmark = pytest.mark.django_db(transaction=True, available_apps=API_APPS)
 
 
 @pytest.fixture
-def canceller():
+def canceller() -> APIClient:
     return client_for("pools.cancel_queueentry")
 
 
 @pytest.fixture
-def starter():
+def starter() -> APIClient:
     return client_for("pools.start_job")
 
 
-def periodic(name: str, task: str, **kw) -> PeriodicTask:
+def periodic(name: str, task: str, **kw: Any) -> PeriodicTask:
     every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.HOURS)
     return PeriodicTask.objects.create(name=name, task=task, interval=every, **kw)
 

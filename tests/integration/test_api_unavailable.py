@@ -27,12 +27,12 @@ UNAVAILABLE = {"detail": "pool state is unavailable"}
 
 
 @pytest.fixture
-def admin_client():
+def admin_client() -> APIClient:
     return client_for(*ALL_PERMS)
 
 
 @pytest.fixture
-def short_bound(settings):
+def short_bound(settings: Settings) -> None:
     settings.POOLS = {**settings.POOLS, "LOCK_TIMEOUT_SECONDS": 0.3}
 
 

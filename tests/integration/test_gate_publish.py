@@ -27,9 +27,9 @@ class Broker:
         from tests.celery_app import app
 
         self.app = app
-        self.seen: list[dict] = []
+        self.seen: list[dict[str, Any]] = []
 
-    def drain(self) -> list[dict]:
+    def drain(self) -> list[dict[str, Any]]:
         with self.app.connection_for_read() as conn:
             channel = conn.default_channel
             while (message := channel.basic_get("celery", no_ack=True)) is not None:
@@ -38,7 +38,7 @@ class Broker:
 
 
 @pytest.fixture
-def broker():
+def broker() -> Broker:
     """What the gate really publishes (empty at the start of the test)."""
     b = Broker()
     b.drain()
@@ -47,11 +47,11 @@ def broker():
 
 
 @pytest.fixture
-def publish_signals():
+def publish_signals() -> Iterator[list[dict[str, Any]]]:
     """Headers seen by ``before_task_publish`` (runs in the caller, as in plain Celery)."""
-    seen: list[dict] = []
+    seen: list[dict[str, Any]] = []
 
-    def grab(sender=None, headers=None, **kwargs):
+    def grab(sender: Any = None, headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
         seen.append(dict(headers or {}))
 
     signals.before_task_publish.connect(grab, weak=False)

@@ -18,17 +18,27 @@ from tests.testapp.tasks import add
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
 
-def periodic(name: str, task: str, **kw) -> PeriodicTask:
+#: (task id, headers, routing key, properties) of one published message.
+Published = tuple[str | None, dict[str, Any], str | None, dict[str, Any] | None]
+
+
+def periodic(name: str, task: str, **kw: Any) -> PeriodicTask:
     every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.HOURS)
     return PeriodicTask.objects.create(name=name, task=task, interval=every, **kw)
 
 
 @pytest.fixture
-def published():
+def published() -> Iterator[list[Published]]:
     """(task id, headers, routing) of every message really published."""
-    seen: list[tuple] = []
+    seen: list[Published] = []
 
-    def grab(sender=None, headers=None, routing_key=None, properties=None, **kwargs):
+    def grab(
+        sender: Any = None,
+        headers: dict[str, Any] | None = None,
+        routing_key: str | None = None,
+        properties: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         seen.append(((headers or {}).get("id"), dict(headers or {}), routing_key, properties))
 
     signals.before_task_publish.connect(grab, weak=False)

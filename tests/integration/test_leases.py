@@ -160,12 +160,12 @@ def test_sweep_command__prints_report(recorder, capsys):
 
 
 @pytest.fixture
-def short_lease(settings):
+def short_lease(settings: Settings) -> None:
     settings.POOLS = {**settings.POOLS, "LEASE_SECONDS": 1.5, "HEARTBEAT_SECONDS": 0.25}
 
 
 @pytest.fixture
-def keeper():
+def keeper() -> Iterator[LeaseKeeper]:
     k = LeaseKeeper()
     yield k
     k.stop()

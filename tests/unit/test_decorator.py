@@ -11,7 +11,7 @@ from pools.exceptions import PoolConfigurationError
 
 
 @pytest.fixture
-def app():
+def app() -> Celery:
     app = Celery("unit", set_as_current=False)
     app.conf.task_always_eager = False
     return app
@@ -99,13 +99,13 @@ def test_bad_arguments__rejected_at_decoration():
 
 
 @pytest.fixture
-def gated_calls(monkeypatch):
+def gated_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record every entry into the worker-side gate (instead of checking a claim)."""
     from pools.celery import worker
 
     calls: list[str] = []
 
-    def run_gated(fn, args, kwargs):
+    def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         calls.append(fn.__name__)
         return fn(*args, **kwargs)
 

@@ -16,7 +16,7 @@ from example_project import broker
 
 
 @pytest.fixture
-def connection(tmp_path: Path):
+def connection(tmp_path: Path) -> Iterator[tuple[Connection, Path]]:
     folders = {name: tmp_path / name for name in ("queue", "processed", "control")}
     for folder in folders.values():
         folder.mkdir()
