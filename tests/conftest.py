@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.conf import settings

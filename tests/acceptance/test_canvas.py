@@ -6,7 +6,7 @@ import pytest
 from celery import chain, chord, group
 
 from pools.models import EntryState, QueueEntry
-from tests.acceptance.conftest import WORKER_TEST_MARKS, wait_for
+from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, Worker, wait_for
 from tests.testapp.tasks import add, tsum
 
 pytestmark = WORKER_TEST_MARKS
@@ -35,7 +35,7 @@ def workers(celery_workers: StartWorkers) -> list[Worker]:
     return celery_workers(count=2, concurrency=2)
 
 
-def test_canvas__chain_of_pooled_tasks_passes_results_along(workers):
+def test_canvas__chain_of_pooled_tasks_passes_results_along(workers: list[Worker]) -> None:
     result = chain(add.s(1, 2), add.s(10), add.s(100)).apply_async()
     assert result.get(timeout=TIMEOUT) == 113
     keys = [result.parent.parent.id, result.parent.id, result.id]
@@ -48,7 +48,7 @@ def test_canvas__chain_of_pooled_tasks_passes_results_along(workers):
     assert {e.root_id or e.key for e in links} == {root}
 
 
-def test_canvas__chord_of_pooled_header_and_pooled_body(workers):
+def test_canvas__chord_of_pooled_header_and_pooled_body(workers: list[Worker]) -> None:
     header = [add.s(i, i) for i in range(6)]
     result = chord(header)(tsum.s())
     assert result.get(timeout=TIMEOUT) == sum(2 * i for i in range(6))
@@ -61,14 +61,14 @@ def test_canvas__chord_of_pooled_header_and_pooled_body(workers):
     assert QueueEntry.objects.filter(task_name=add.name).count() == len(header)
 
 
-def test_canvas__group_of_pooled_tasks_returns_every_result(workers):
+def test_canvas__group_of_pooled_tasks_returns_every_result(workers: list[Worker]) -> None:
     result = group(add.s(i, 1) for i in range(8)).apply_async()
     assert result.get(timeout=TIMEOUT) == [i + 1 for i in range(8)]
     states = settled(*[r.id for r in result.results])
     assert set(states.values()) == {EntryState.SUCCEEDED}
 
 
-def test_canvas__chain_into_chord_across_two_pools(workers):
+def test_canvas__chain_into_chord_across_two_pools(workers: list[Worker]) -> None:
     workflow = chain(add.s(2, 3), group(add.s(1), add.s(2), add.s(3)), tsum.s())
     result = workflow.apply_async()
     assert result.get(timeout=TIMEOUT) == (5 + 1) + (5 + 2) + (5 + 3)

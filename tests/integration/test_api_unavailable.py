@@ -14,8 +14,11 @@ from unittest import mock
 import pytest
 from django.db import OperationalError
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from pytest_django import Settings
+from rest_framework.test import APIClient
 
 from pools.models import EntryState, Pool, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.factories import make_pool, submit
 from tests.integration.api_support import ALL_PERMS, API_APPS, client_for, error, url
 from tests.integration.test_locking import pool_row_locked
@@ -43,7 +46,9 @@ def timed(call):
 
 
 @pytest.mark.postgres
-def test_cancel__locked_pool_is_503_and_nothing_changes(recorder, admin_client, short_bound):
+def test_cancel__locked_pool_is_503_and_nothing_changes(
+    recorder: RecordingBridge, admin_client: APIClient, short_bound: None
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="w")
@@ -57,7 +62,9 @@ def test_cancel__locked_pool_is_503_and_nothing_changes(recorder, admin_client, 
 
 
 @pytest.mark.postgres
-def test_start_job__locked_pool_is_503_and_nothing_is_queued(recorder, admin_client, short_bound):
+def test_start_job__locked_pool_is_503_and_nothing_is_queued(
+    recorder: RecordingBridge, admin_client: APIClient, short_bound: None
+) -> None:
     make_pool("warehouse", 1)
     every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.HOURS)
     PeriodicTask.objects.create(
@@ -70,7 +77,9 @@ def test_start_job__locked_pool_is_503_and_nothing_is_queued(recorder, admin_cli
 
 
 @pytest.mark.postgres
-def test_patch_and_delete_pool__locked_pool_is_503(recorder, admin_client, short_bound):
+def test_patch_and_delete_pool__locked_pool_is_503(
+    recorder: RecordingBridge, admin_client: APIClient, short_bound: None
+) -> None:
     make_pool("p", 1)
     with pool_row_locked("p"):
         patched = admin_client.patch(url("pools/p/"), {"slots": 5}, format="json")
@@ -80,7 +89,7 @@ def test_patch_and_delete_pool__locked_pool_is_503(recorder, admin_client, short
     assert Pool.objects.get(name="p").slots == 1
 
 
-def test_reads__database_error_is_503(admin_client):
+def test_reads__database_error_is_503(admin_client: APIClient) -> None:
     boom = OperationalError("server closed the connection unexpectedly")
     with mock.patch("pools.core.snapshots.snapshot_all", side_effect=boom):
         assert error(admin_client.get(url("pools/"))) == (503, UNAVAILABLE)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from celery import signals
 from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import EncodeError
+from pytest_django import Settings
 
 from pools.celery import messages
 from pools.exceptions import PoolConfigurationError, UnknownPool
@@ -59,7 +62,9 @@ def publish_signals() -> Iterator[list[dict[str, Any]]]:
     signals.before_task_publish.disconnect(grab)
 
 
-def test_delay__creates_entry_with_task_id_and_publishes_with_claim(broker, publish_signals):
+def test_delay__creates_entry_with_task_id_and_publishes_with_claim(
+    broker: Broker, publish_signals: list[dict[str, Any]]
+) -> None:
     make_pool("warehouse", 1)
     first = add.delay(1, 2)
     second = add.delay(3, 4)
@@ -74,7 +79,7 @@ def test_delay__creates_entry_with_task_id_and_publishes_with_claim(broker, publ
     assert [h["id"] for h in publish_signals] == [first.id, second.id]
 
 
-def test_apply_async__pool_options_and_countdown(broker):
+def test_apply_async__pool_options_and_countdown(broker: Broker) -> None:
     make_pool("warehouse", 1)
     before = timezone.now()
     result = record.apply_async(
@@ -94,14 +99,14 @@ def test_apply_async__pool_options_and_countdown(broker):
     assert published[0]["eta"] is not None
 
 
-def test_pool_options__refused_for_unpooled_task():
+def test_pool_options__refused_for_unpooled_task() -> None:
     from tests.celery_app import app
 
     with pytest.raises(PoolConfigurationError, match="not pooled"):
         app.send_task("tests.not_pooled", pool_options={"priority": 1})
 
 
-def test_unknown_pool__raises_at_call(settings):
+def test_unknown_pool__raises_at_call(settings: Settings) -> None:
     # A task pooled by name only (POOLS["TASKS"]) on a pool nobody defined.
     settings.POOLS = {**settings.POOLS, "TASKS": {"tests.by_name": {"pools": "ghost"}}}
     from tests.celery_app import app
@@ -111,7 +116,7 @@ def test_unknown_pool__raises_at_call(settings):
     assert QueueEntry.objects.count() == 0
 
 
-def test_tasks_setting__pools_a_task_known_only_by_name(settings):
+def test_tasks_setting__pools_a_task_known_only_by_name(settings: Settings) -> None:
     settings.POOLS = {**settings.POOLS, "TASKS": {"tests.by_name": {"pools": {"warehouse": 1}}}}
     from tests.celery_app import app
 
@@ -119,14 +124,14 @@ def test_tasks_setting__pools_a_task_known_only_by_name(settings):
     assert QueueEntry.objects.get(key=result.id).demand == {"warehouse": 1}
 
 
-def test_arguments__what_the_serializer_refuses_is_refused_in_the_caller():
+def test_arguments__what_the_serializer_refuses_is_refused_in_the_caller() -> None:
     make_pool("warehouse", 1)
     with pytest.raises(EncodeError, match="not JSON serializable"):
         add.delay(object(), 1)
     assert QueueEntry.objects.count() == 0
 
 
-def test_arguments__bytes_are_held_as_celery_sends_them(broker):
+def test_arguments__bytes_are_held_as_celery_sends_them(broker: Broker) -> None:
     make_pool("warehouse", 1)
     add.delay(b"\x00raw", 1)
     (entry,) = QueueEntry.objects.all()
@@ -147,8 +152,8 @@ def test_arguments__bytes_are_held_as_celery_sends_them(broker):
     ],
 )
 def test_arguments__held_with_the_serializer_and_compression_celery_uses(
-    broker, serializer, compression, value
-):
+    broker: Broker, serializer, compression, value
+) -> None:
     make_pool("warehouse", 1)
     result = record.apply_async((value,), serializer=serializer, compression=compression)
     entry = QueueEntry.objects.get(key=result.id)
@@ -171,7 +176,7 @@ def test_arguments__held_with_the_serializer_and_compression_celery_uses(
     assert published["id"] == result.id
 
 
-def test_delay_on_commit__enqueues_only_after_commit():
+def test_delay_on_commit__enqueues_only_after_commit() -> None:
     make_pool("warehouse", 1)
     with transaction.atomic():
         add.delay_on_commit(5, 6)
@@ -179,7 +184,7 @@ def test_delay_on_commit__enqueues_only_after_commit():
     assert QueueEntry.objects.get().args == [5, 6]
 
 
-def test_rolled_back_enqueue__leaves_nothing(broker):
+def test_rolled_back_enqueue__leaves_nothing(broker: Broker) -> None:
     make_pool("warehouse", 1)
     with pytest.raises(RuntimeError), transaction.atomic():
         add.delay(1, 1)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from celery import signals
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from pytest_django import Settings
 
 from pools.celery import jobs
 from pools.exceptions import JobNotFound, PoolFull
 from pools.models import EntryState, Origin, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool
 from tests.testapp.tasks import add
@@ -46,7 +50,9 @@ def published() -> Iterator[list[Published]]:
     signals.before_task_publish.disconnect(grab)
 
 
-def test_start_job__pooled_task_is_queued_with_its_args_options_and_origin(recorder, published):
+def test_start_job__pooled_task_is_queued_with_its_args_options_and_origin(
+    recorder: RecordingBridge, published: list[Published]
+) -> None:
     make_pool("warehouse", 1)
     periodic(
         "nightly-add",
@@ -71,7 +77,9 @@ def test_start_job__pooled_task_is_queued_with_its_args_options_and_origin(recor
     assert entry.state == EntryState.ADMITTED and recorder.keys() == [entry.key]
 
 
-def test_start_job__multi_pool_task_reports_every_pool(recorder, settings):
+def test_start_job__multi_pool_task_reports_every_pool(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
     settings.POOLS = {**settings.POOLS, "TASKS": {"tests.multi": {"pools": {"b": 1, "a": 2}}}}
     make_pool("a", 2)
     make_pool("b", 1)
@@ -82,7 +90,7 @@ def test_start_job__multi_pool_task_reports_every_pool(recorder, settings):
 
 
 @pytest.mark.redis
-def test_start_job__unpooled_task_is_published_at_once(published):
+def test_start_job__unpooled_task_is_published_at_once(published: list[Published]) -> None:
     periodic("plain", "tests.not_pooled", kwargs=json.dumps({"x": 1}))
     started = jobs.start_job("plain")
     assert started == jobs.JobStarted(queued=False, key=started.key)
@@ -91,13 +99,13 @@ def test_start_job__unpooled_task_is_published_at_once(published):
     assert not QueueEntry.objects.exists()
 
 
-def test_start_job__unknown_job():
+def test_start_job__unknown_job() -> None:
     with pytest.raises(JobNotFound, match="No periodic task named 'ghost'") as info:
         jobs.start_job("ghost")
     assert info.value.code == "job_not_found"
 
 
-def test_start_job__pool_refusal_propagates(recorder):
+def test_start_job__pool_refusal_propagates(recorder: RecordingBridge) -> None:
     make_pool("warehouse", 1, max_queued=1)
     periodic("nightly-add", add.name, args="[1, 1]")
     jobs.start_job("nightly-add")  # admitted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pools.core import leases, snapshots
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -14,7 +15,7 @@ pytestmark = [
 ]
 
 
-def test_counts__a_started_entry_counts_as_running_not_admitted(recorder):
+def test_counts__a_started_entry_counts_as_running_not_admitted(recorder: RecordingBridge) -> None:
     make_pool("p", 2)
     submit(key="started")
     submit(key="admitted")

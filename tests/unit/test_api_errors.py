@@ -37,14 +37,14 @@ CASES = [
 
 
 @pytest.mark.parametrize("exc,status,code", CASES, ids=[c[2] for c in CASES])
-def test_pool_errors__status_and_body(exc, status, code):
+def test_pool_errors__status_and_body(exc, status, code) -> None:
     response = errors.exception_handler(exc, {})
     assert response is not None
     assert response.status_code == status
     assert response.data == {"detail": str(exc), "code": code}
 
 
-def test_unavailable__fixed_body_whatever_the_cause():
+def test_unavailable__fixed_body_whatever_the_cause() -> None:
     for exc in (
         PoolUnavailable("pool state is unavailable (pools p): lock timeout"),
         OperationalError("could not connect to server"),
@@ -53,14 +53,14 @@ def test_unavailable__fixed_body_whatever_the_cause():
         assert (response.status_code, response.data) == (503, {"detail": errors.UNAVAILABLE})
 
 
-def test_configuration_error_on_one_field__is_a_field_message():
+def test_configuration_error_on_one_field__is_a_field_message() -> None:
     exc = PoolConfigurationError("slots must be a positive integer, got 0.")
     exc.field = "slots"
     response = errors.exception_handler(exc, {})
     assert (response.status_code, response.data) == (400, {"slots": [str(exc)]})
 
 
-def test_drf_errors__keep_their_status_and_get_a_code():
+def test_drf_errors__keep_their_status_and_get_a_code() -> None:
     response = errors.exception_handler(exceptions.PermissionDenied(), {})
     assert response.status_code == 403 and response.data["code"] == "permission_denied"
     response = errors.exception_handler(InvalidCursor("Invalid cursor 'x'."), {})

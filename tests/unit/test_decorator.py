@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from celery import Celery, Task, shared_task
 
@@ -17,7 +20,7 @@ def app() -> Celery:
     return app
 
 
-def test_below_app_task__spec_visible_and_signature_kept(app):
+def test_below_app_task__spec_visible_and_signature_kept(app: Celery) -> None:
     @app.task
     @pooled("warehouse", slots=2, priority=10)
     def export(day: str, *, full: bool = False) -> str:
@@ -30,7 +33,7 @@ def test_below_app_task__spec_visible_and_signature_kept(app):
         export.apply_async(args=(), kwargs={"nope": 1})
 
 
-def test_below_app_task_bind__gets_self(app):
+def test_below_app_task_bind__gets_self(app: Celery) -> None:
     @app.task(bind=True)
     @pooled("warehouse")
     def bound(self, x):
@@ -40,7 +43,7 @@ def test_below_app_task_bind__gets_self(app):
     assert bound(3) == (bound.name, 3)  # a direct call runs the body in place
 
 
-def test_above_app_task__wraps_the_task(app):
+def test_above_app_task__wraps_the_task(app: Celery) -> None:
     @pooled({"a": 1, "b": 2})
     @app.task
     def multi(x):
@@ -50,7 +53,7 @@ def test_above_app_task__wraps_the_task(app):
     assert multi(2) == 4
 
 
-def test_above_lazy_app_task__applies_when_evaluated():
+def test_above_lazy_app_task__applies_when_evaluated() -> None:
     lazy = Celery("lazy", set_as_current=False)
 
     @pooled("p")
@@ -62,7 +65,7 @@ def test_above_lazy_app_task__applies_when_evaluated():
     assert spec_of(lazy.tasks[later.name]).demand == {"p": 1}
 
 
-def test_class_based_task(app):
+def test_class_based_task(app: Celery) -> None:
     @pooled("warehouse", slots=1)
     class Export(Task):
         name = "unit.export"
@@ -75,25 +78,25 @@ def test_class_based_task(app):
     assert task(1) == 2
 
 
-def test_above_shared_task__fails_loudly_with_the_fix():
+def test_above_shared_task__fails_loudly_with_the_fix() -> None:
     with pytest.raises(PoolConfigurationError, match="below @shared_task"):
 
         @pooled("warehouse")
         @shared_task
-        def wrong_order():
+        def wrong_order() -> None:
             pass
 
 
-def test_twice__rejected(app):
+def test_twice__rejected(app: Celery) -> None:
     with pytest.raises(PoolConfigurationError, match="twice"):
 
         @pooled("a")
         @pooled("b")
-        def f():
+        def f() -> None:
             pass
 
 
-def test_bad_arguments__rejected_at_decoration():
+def test_bad_arguments__rejected_at_decoration() -> None:
     with pytest.raises(PoolConfigurationError, match="positive integer"):
         pooled("warehouse", slots=0)
 
@@ -113,7 +116,9 @@ def gated_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_gate_task__autoretry_class_task_runs_through_the_gate(app, gated_calls):
+def test_gate_task__autoretry_class_task_runs_through_the_gate(
+    app: Celery, gated_calls: list[str]
+) -> None:
     # Celery's autoretry_for wraps ``run`` on the instance; gating by name (POOLS["TASKS"])
     # must gate that wrapper too, or the body would run without a claim.
     from pools.celery.decorators import gate_task
@@ -133,7 +138,9 @@ def test_gate_task__autoretry_class_task_runs_through_the_gate(app, gated_calls)
     assert len(gated_calls) == 1, "the body went through the gate exactly once"
 
 
-def test_gate_task__autoretry_function_task_runs_through_the_gate(app, gated_calls):
+def test_gate_task__autoretry_function_task_runs_through_the_gate(
+    app: Celery, gated_calls: list[str]
+) -> None:
     from pools.celery.decorators import gate_task
     from pools.specs import PoolSpec
 
@@ -146,7 +153,7 @@ def test_gate_task__autoretry_function_task_runs_through_the_gate(app, gated_cal
     assert len(gated_calls) == 1, "the body went through the gate exactly once"
 
 
-def test_below_app_task__autoretry_is_gated_once(app, gated_calls):
+def test_below_app_task__autoretry_is_gated_once(app: Celery, gated_calls: list[str]) -> None:
     @app.task(autoretry_for=(ValueError,))
     @pooled("warehouse")
     def flaky():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from queue import Empty
 
@@ -32,7 +33,7 @@ def connection(tmp_path: Path) -> Iterator[tuple[Connection, Path]]:
         yield conn, folders["queue"]
 
 
-def test_put__leaves_only_whole_message_files(connection):
+def test_put__leaves_only_whole_message_files(connection: tuple[Connection, Path]) -> None:
     conn, folder = connection
     channel = conn.default_channel
     assert isinstance(channel, broker.Channel)
@@ -44,7 +45,7 @@ def test_put__leaves_only_whole_message_files(connection):
     assert channel._get("jobs") == {"body": "x" * 10_000}
 
 
-def test_get__skips_a_file_still_being_written(connection):
+def test_get__skips_a_file_still_being_written(connection: tuple[Connection, Path]) -> None:
     conn, folder = connection
     channel = conn.default_channel
     # What a producer leaves while it writes: an incomplete file under the hidden name.
@@ -55,7 +56,9 @@ def test_get__skips_a_file_still_being_written(connection):
     assert channel._size("jobs") == 0
 
 
-def test_concurrent_producer_and_consumer__every_message_arrives_whole(connection, monkeypatch):
+def test_concurrent_producer_and_consumer__every_message_arrives_whole(
+    connection: tuple[Connection, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A slow encoder widens the window in which a message file exists but is not written.
 
     kombu's own channel creates the file before it encodes and writes the message, so a
