@@ -232,7 +232,7 @@ def test_faults__killed_pool_process_is_requeued_without_waiting_for_the_lease(
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_faults__partitioned_body_gets_lease_lost_before_the_lease_lapses(
-    pool, short_leases: None, celery_workers: StartWorkers, shared_dir: Path
+    pool: str, short_leases: None, celery_workers: StartWorkers, shared_dir: Path
 ) -> None:
     """A body whose process cannot renew (``simulate_partition``) is stopped with ``LeaseLost``.
 

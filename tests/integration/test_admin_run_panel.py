@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True, available_apps=ADMIN_APPS)
 ROOT = "root-1"
 
 
-def _finish(rec, key: str, outcome: str = "succeeded") -> None:
+def _finish(rec: RecordingBridge, key: str, outcome: str = "succeeded") -> None:
     adm = next(a for a in rec.admissions if a.key == key)
     assert admission.settle(adm.entry_id, adm.token, outcome)
 

@@ -27,7 +27,7 @@ pytestmark = [
 ]
 
 
-def finish(rec, key: str, outcome: str = "succeeded") -> bool:
+def finish(rec: RecordingBridge, key: str, outcome: str = "succeeded") -> bool:
     adm = next(a for a in rec.admissions if a.key == key)
     return admission.settle(adm.entry_id, adm.token, outcome)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -119,7 +120,7 @@ def test_get_entries__cursor_pages_in_line_order(
     ],
 )
 def test_get_entries__bad_parameters_are_400(
-    recorder: RecordingBridge, reader: APIClient, query, field
+    recorder: RecordingBridge, reader: APIClient, query: str, field: str
 ) -> None:
     make_pool("p", 1)
     status, body = error(reader.get(url(f"pools/p/entries/?{query}")))
@@ -177,7 +178,7 @@ GET_ENTRY_QUERIES = AUTH + 1 + 3 + 2
 def test_queries__get_pools_is_bounded_whatever_the_depth(
     recorder: RecordingBridge,
     reader: APIClient,
-    depth,
+    depth: int,
     django_assert_max_num_queries: DjangoAssertNumQueries,
 ) -> None:
     for i in range(8):
@@ -194,7 +195,7 @@ def test_queries__get_pools_is_bounded_whatever_the_depth(
 def test_queries__get_entries_and_entry_are_bounded(
     recorder: RecordingBridge,
     reader: APIClient,
-    depth,
+    depth: int,
     django_assert_max_num_queries: DjangoAssertNumQueries,
 ) -> None:
     pool = make_pool("p", 1)
@@ -288,7 +289,9 @@ ENDPOINTS = [
 
 
 @pytest.mark.parametrize("method,path,data", ENDPOINTS)
-def test_permissions__anonymous_and_unpermitted_users_are_refused(method, path, data) -> None:
+def test_permissions__anonymous_and_unpermitted_users_are_refused(
+    method: str, path: str, data: dict[str, Any] | None
+) -> None:
     status, body = error(getattr(APIClient(), method)(url(path), data, format="json"))
     assert (status, body["code"]) == (403, "not_authenticated")
     # A user with every permission but the one this endpoint needs; staff is not enough.

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from unittest import mock
 
 import pytest
 from django.db import OperationalError
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from pytest_django import Settings
+from rest_framework.response import Response
 from rest_framework.test import APIClient
 
 from pools.models import EntryState, Pool, QueueEntry
@@ -39,7 +41,7 @@ def short_bound(settings: Settings) -> None:
     settings.POOLS = {**settings.POOLS, "LOCK_TIMEOUT_SECONDS": 0.3}
 
 
-def timed(call):
+def timed(call: Callable[[], Response]) -> tuple[Response, float]:
     began = time.monotonic()
     response = call()
     return response, time.monotonic() - began

@@ -417,7 +417,7 @@ def _state_diff(left: dict[str, Any], right: dict[str, Any]) -> tuple[Any, Any]:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_differential__sql_and_orm_paths_agree_step_by_step(
-    seed, settings: Settings, recorder: RecordingBridge, listener: Listener
+    seed: int, settings: Settings, recorder: RecordingBridge, listener: Listener
 ) -> None:
     sql = run_path(seed, True, settings, recorder, listener)
     orm = run_path(seed, False, settings, recorder, listener)

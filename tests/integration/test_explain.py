@@ -30,7 +30,7 @@ def place(key: str, pool: str) -> explain.PoolPlace:
     return next(p for p in explain.explain_key(key).places if p.pool == pool)
 
 
-def finish(rec, key: str) -> None:
+def finish(rec: RecordingBridge, key: str) -> None:
     adm = next(a for a in rec.admissions if a.key == key)
     assert admission.settle(adm.entry_id, adm.token, EntryState.SUCCEEDED)
 
@@ -183,7 +183,7 @@ def test_positions__match_the_admission_order_with_ties(recorder: RecordingBridg
 
 @pytest.mark.parametrize("depth", [5, 500])
 def test_explain__query_count_does_not_grow_with_the_line(
-    recorder: RecordingBridge, depth, django_assert_num_queries: DjangoAssertNumQueries
+    recorder: RecordingBridge, depth: int, django_assert_num_queries: DjangoAssertNumQueries
 ) -> None:
     pool = make_pool("p", 1)
     submit(key="run")
@@ -236,7 +236,10 @@ def test_snapshot__multi_pool_head_waiting_for_a_pool_outside_the_view(
 
 @pytest.mark.parametrize("pools,depth", [(2, 3), (12, 40)])
 def test_snapshot_all__query_count_is_fixed(
-    recorder: RecordingBridge, pools, depth, django_assert_num_queries: DjangoAssertNumQueries
+    recorder: RecordingBridge,
+    pools: int,
+    depth: int,
+    django_assert_num_queries: DjangoAssertNumQueries,
 ) -> None:
     for i in range(pools):
         pool = make_pool(f"p{i:02}", 1)

@@ -152,7 +152,7 @@ def test_arguments__bytes_are_held_as_celery_sends_them(broker: Broker) -> None:
     ],
 )
 def test_arguments__held_with_the_serializer_and_compression_celery_uses(
-    broker: Broker, serializer, compression, value
+    broker: Broker, serializer: str, compression: str | None, value: object
 ) -> None:
     make_pool("warehouse", 1)
     result = record.apply_async((value,), serializer=serializer, compression=compression)

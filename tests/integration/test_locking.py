@@ -377,7 +377,7 @@ def test_queries__settle_cost_does_not_depend_on_line_length(
 def test_queries__enqueue_cost_does_not_depend_on_line_length(
     recorder: RecordingBridge,
     admission_path: str,
-    waiting,
+    waiting: int,
     django_assert_num_queries: DjangoAssertNumQueries,
 ) -> None:
     make_pool("p", 1)

@@ -16,6 +16,7 @@ from pools.exceptions import (
     PoolConfigurationError,
     PoolDefinedInSettings,
     PoolDraining,
+    PoolError,
     PoolFull,
     PoolInUse,
     PoolUnavailable,
@@ -37,7 +38,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("exc,status,code", CASES, ids=[c[2] for c in CASES])
-def test_pool_errors__status_and_body(exc, status, code) -> None:
+def test_pool_errors__status_and_body(exc: PoolError, status: int, code: str) -> None:
     response = errors.exception_handler(exc, {})
     assert response is not None
     assert response.status_code == status

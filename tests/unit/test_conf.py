@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.test import override_settings
 
@@ -34,7 +36,7 @@ def test_reload_on_override_settings() -> None:
         ([], "must be a dict"),
     ],
 )
-def test_invalid_settings__clear_error(pools, match) -> None:
+def test_invalid_settings__clear_error(pools: object, match: str) -> None:
     with override_settings(POOLS=pools), pytest.raises(PoolConfigurationError, match=match):
         conf.get()
 
@@ -51,7 +53,9 @@ def test_invalid_settings__clear_error(pools, match) -> None:
         ({"LEASE_SECONDS": 3, "HEARTBEAT_SECONDS": 5}, "pools.E004", "shorter"),
     ],
 )
-def test_system_checks__report_bad_definitions(pools, check_id, match) -> None:
+def test_system_checks__report_bad_definitions(
+    pools: dict[str, Any], check_id: str, match: str
+) -> None:
     with override_settings(POOLS=pools):
         errors = check_settings()
     assert [e.id for e in errors] == [check_id]

@@ -36,7 +36,7 @@ def test_below_app_task__spec_visible_and_signature_kept(app: Celery) -> None:
 def test_below_app_task_bind__gets_self(app: Celery) -> None:
     @app.task(bind=True)
     @pooled("warehouse")
-    def bound(self, x):
+    def bound(self: Task, x: int) -> tuple[str, int]:
         return (self.name, x)
 
     assert spec_of(bound).demand == {"warehouse": 1}
@@ -46,7 +46,7 @@ def test_below_app_task_bind__gets_self(app: Celery) -> None:
 def test_above_app_task__wraps_the_task(app: Celery) -> None:
     @pooled({"a": 1, "b": 2})
     @app.task
-    def multi(x):
+    def multi(x: int) -> int:
         return x * 2
 
     assert spec_of(multi).demand == {"a": 1, "b": 2}
@@ -58,7 +58,7 @@ def test_above_lazy_app_task__applies_when_evaluated() -> None:
 
     @pooled("p")
     @lazy.task
-    def later(x):
+    def later(x: int) -> int:
         return x
 
     lazy.finalize()
@@ -70,7 +70,7 @@ def test_class_based_task(app: Celery) -> None:
     class Export(Task):
         name = "unit.export"
 
-        def run(self, x):
+        def run(self, x: int) -> int:
             return x + 1
 
     task = app.register_task(Export())
@@ -128,7 +128,7 @@ def test_gate_task__autoretry_class_task_runs_through_the_gate(
         name = "unit.flaky_class"
         autoretry_for = (ValueError,)
 
-        def run(self):
+        def run(self) -> str:
             return "ran"
 
     task = app.register_task(Flaky())
@@ -145,7 +145,7 @@ def test_gate_task__autoretry_function_task_runs_through_the_gate(
     from pools.specs import PoolSpec
 
     @app.task(autoretry_for=(ValueError,))
-    def flaky():
+    def flaky() -> str:
         return "ran"
 
     gate_task(flaky, PoolSpec.build("warehouse"))
@@ -156,7 +156,7 @@ def test_gate_task__autoretry_function_task_runs_through_the_gate(
 def test_below_app_task__autoretry_is_gated_once(app: Celery, gated_calls: list[str]) -> None:
     @app.task(autoretry_for=(ValueError,))
     @pooled("warehouse")
-    def flaky():
+    def flaky() -> str:
         return "ran"
 
     assert flaky.run() == "ran"

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from queue import Empty
+from typing import Any
 
 import pytest
 from kombu import Connection
@@ -67,7 +68,7 @@ def test_concurrent_producer_and_consumer__every_message_arrives_whole(
     from kombu.transport import filesystem
     from kombu.utils.json import dumps
 
-    def slow_dumps(payload):
+    def slow_dumps(payload: Any) -> str:
         time.sleep(0.002)
         return dumps(payload)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pools.exceptions import PoolConfigurationError
@@ -9,12 +11,12 @@ from pools.specs import PoolSpec, validate_pool_name
 
 
 @pytest.mark.parametrize("name", ["warehouse", "partner-api", "tenant:42", "a.b_c", "9lives"])
-def test_validate_pool_name__accepts_valid(name) -> None:
+def test_validate_pool_name__accepts_valid(name: str) -> None:
     assert validate_pool_name(name) == name
 
 
 @pytest.mark.parametrize("name", ["", "-x", "has space", "x" * 101, 3, None, "ümlaut"])
-def test_validate_pool_name__rejects_invalid(name) -> None:
+def test_validate_pool_name__rejects_invalid(name: object) -> None:
     with pytest.raises(PoolConfigurationError, match="Invalid pool name"):
         validate_pool_name(name)
 
@@ -45,7 +47,9 @@ def test_build__multi_pool_sorted_by_lock_order() -> None:
         (("p",), {"queue_timeout": -5}, "queue_timeout must be a positive"),
     ],
 )
-def test_build__rejects_bad_arguments(args, kwargs, match) -> None:
+def test_build__rejects_bad_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], match: str
+) -> None:
     with pytest.raises(PoolConfigurationError, match=match):
         PoolSpec.build(*args, **kwargs)
 
