@@ -34,8 +34,12 @@ def require_service(name: str, host: str, port: int) -> None:
     pytest.skip(message)
 
 
+def _on_postgres() -> bool:
+    return str(settings.DATABASES["default"]["ENGINE"]).endswith("postgresql")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    on_postgres = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+    on_postgres = _on_postgres()
     deselected = [i for i in items if i.get_closest_marker("postgres") and not on_postgres]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
@@ -44,9 +48,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _services(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("postgres") or settings.DATABASES["default"][
-        "ENGINE"
-    ].endswith("postgresql"):
+    if request.node.get_closest_marker("postgres") or _on_postgres():
         require_service("PostgreSQL", "127.0.0.1", 5432)
     if request.node.get_closest_marker("redis"):
         require_service("Redis", "127.0.0.1", 6379)

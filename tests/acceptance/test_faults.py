@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -54,7 +54,8 @@ MARGIN = 4.0
 TIMEOUT = 60
 
 
-def ts(value: datetime) -> float:
+def ts(value: datetime | None) -> float:
+    assert value is not None, "a time that must be set is missing"
     return value.timestamp()
 
 
@@ -65,7 +66,7 @@ def entries_of(key: str) -> list[tuple[int, str]]:
     )
 
 
-def wait_entries(key: str, expected: list[tuple[int, str]], timeout: float = 30) -> None:
+def wait_entries(key: str, expected: Sequence[tuple[int, str]], timeout: float = 30) -> None:
     wait_for(lambda: entries_of(key) == expected, timeout, f"entries of {key} to be {expected}")
 
 

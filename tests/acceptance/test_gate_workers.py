@@ -61,7 +61,7 @@ def test_workers__three_slot_pool_admits_by_priority_and_never_overlaps(
     priorities: dict[str, int] = {}
     for i in range(TASKS):
         priority = rnd.randint(0, 9)
-        result = span.apply_async((i,), {"sleep": 0.03}, pool_options={"priority": priority})
+        result = span.apply_async((i,), {"sleep": 0.03}, pool_options={"priority": priority})  # type: ignore[call-arg]  # celery-types: no **options
         results.append(result)
         priorities[result.id] = priority
 

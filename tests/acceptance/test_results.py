@@ -100,7 +100,7 @@ def test_results__expired_entry_fails_with_queue_timeout_and_calls_link_error(
     holder: Holder, shared_dir: Path
 ) -> None:
     where = str(shared_dir)
-    waiter = queued_member.apply_async(
+    waiter = queued_member.apply_async(  # type: ignore[call-arg]  # celery-types: no **options
         (where, 1),
         pool_options={"queue_timeout": QUEUE_TIMEOUT},
         link_error=[note_errback.s(where=where), note_errback_inline.s(where=where)],
@@ -170,7 +170,9 @@ def test_results__chord_with_an_expired_header_member_fails_instead_of_hanging(
     holder: Holder, shared_dir: Path
 ) -> None:
     where = str(shared_dir)
-    member = queued_member.s(where, 1).set(pool_options={"queue_timeout": QUEUE_TIMEOUT})
+    member = queued_member.s(where, 1).set(
+        pool_options={"queue_timeout": QUEUE_TIMEOUT}  # type: ignore[call-arg]  # as above
+    )
     result = chord([member, plain_echo.s(2)], collect.s()).apply_async()
     (entry,) = QueueEntry.objects.filter(task_name=queued_member.name)
     assert entry.state == EntryState.WAITING

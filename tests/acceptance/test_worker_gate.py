@@ -36,10 +36,11 @@ def runs(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def send_around_gate(name: str, args: list, **options: Any) -> AsyncResult:
+def send_around_gate(name: str, args: list[Any], **options: Any) -> AsyncResult[Any]:
     """Publish with Celery's own ``send_task``, as a process without the gate would."""
     assert gate._original_send_task is not None
-    return gate._original_send_task(app, name, args, {}, **options)
+    result: AsyncResult[Any] = gate._original_send_task(app, name, args, {}, **options)
+    return result
 
 
 def wait_settled(key: str) -> QueueEntry:

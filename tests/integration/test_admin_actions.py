@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from django.test.client import (
+        _MonkeyPatchedWSGIResponse,  # the test client's response type (stubs)
+    )
+
 import re
 
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import Permission, User
-from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
@@ -21,7 +27,9 @@ from tests.testapp.tasks import add, free_span
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=ADMIN_APPS)
 
 
-def _action(client: Client, model: str, action: str, pks: list[int], **extra: str) -> HttpResponse:
+def _action(
+    client: Client, model: str, action: str, pks: list[int], **extra: str
+) -> _MonkeyPatchedWSGIResponse:
     return client.post(
         reverse(f"admin:pools_{model}_changelist"),
         {"action": action, "_selected_action": [str(pk) for pk in pks], **extra},

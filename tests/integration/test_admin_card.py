@@ -200,7 +200,9 @@ def test_card__cancel_needs_a_csrf_token(busy: RecordingBridge) -> None:
     assert QueueEntry.objects.get(key="wait-low").state == EntryState.WAITING
     # The token the card renders in its form is accepted.
     html = client.get(INDEX).content.decode()
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html).group(1)
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
+    assert found is not None, "the card renders a CSRF token"
+    token = found.group(1)
     accepted = client.post(
         url, {"key": "wait-low", "csrfmiddlewaretoken": token}, HTTP_ACCEPT="application/json"
     )

@@ -211,7 +211,7 @@ def test_timeline__multi_slot_holder_takes_distinct_lanes() -> None:
     holds = [_hold(1, 0, 100, slots=2), _hold(2, 10, 50), _hold(3, 60, None)]
     now = timezone.now()
     line = timeline.layout("p", 3, holds, start=now - timedelta(minutes=15), end=now)
-    lanes = {}
+    lanes: dict[int, list[int]] = {}
     for bar in line.bars:
         lanes.setdefault(bar.hold.queue_id, []).append(bar.lane)
     assert sorted(lanes[1]) == [0, 1] and lanes[2] == [2] and lanes[3] == [2]

@@ -99,7 +99,8 @@ def test_get_entries__cursor_pages_in_line_order(
     submit("p", key="run")
     bulk_waiting(pool, 7)
     line = list(Demand.objects.line(pool.pk).values_list("entry__key", flat=True))
-    seen, next_url = [], url("pools/p/entries/?state=waiting&limit=3")
+    seen: list[tuple[str, int]] = []
+    next_url = url("pools/p/entries/?state=waiting&limit=3")
     while next_url:
         status, body = error(reader.get(next_url))
         assert status == 200
@@ -333,7 +334,10 @@ def test_csrf__session_post_without_token_is_refused(recorder: RecordingBridge) 
     assert QueueEntry.objects.get(key="w").state == EntryState.WAITING
     # With the token from the cookie the same request passes.
     client.get(url("pools/p/"))  # any page; the CSRF cookie is set by the login below
-    from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
+    from django.middleware.csrf import (  # type: ignore[attr-defined]  # private, not in stubs
+        _get_new_csrf_string,
+        _mask_cipher_secret,
+    )
 
     secret = _get_new_csrf_string()
     client.cookies["csrftoken"] = secret

@@ -397,7 +397,8 @@ def first_difference(sql: list[Step], orm: list[Step]) -> str | None:
 
 
 def _state_diff(left: dict[str, Any], right: dict[str, Any]) -> tuple[Any, Any]:
-    out_l, out_r = {}, {}
+    out_l: dict[str, Any] = {}
+    out_r: dict[str, Any] = {}
     for part in left:
         if left[part] == right[part]:
             continue

@@ -262,7 +262,8 @@ def test_entries_page__walks_the_line_in_order_with_positions(recorder: Recordin
     submit(key="run")
     entries = _bulk_line(pool, 23)
     order = [e.key for e in sorted(entries, key=lambda e: (-e.priority, e.enqueued_at, e.queue_id))]
-    seen, cursor, pages = [], None, 0
+    seen: list[tuple[str, int | None]] = []
+    cursor, pages = None, 0
     while True:
         page = snapshots.entries_page("p", cursor=cursor, limit=10)
         seen.extend((i.key, i.position) for i in page.items)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from celery import signals
 from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import EncodeError
+from kombu.transport.virtual import Channel as VirtualChannel
 from pytest_django import Settings
 
 from pools.celery import messages
@@ -34,7 +35,8 @@ class Broker:
 
     def drain(self) -> list[dict[str, Any]]:
         with self.app.connection_for_read() as conn:
-            channel = conn.default_channel
+            # A kombu virtual channel (memory transport): basic_get is not on StdChannel.
+            channel = cast(VirtualChannel, conn.default_channel)
             while (message := channel.basic_get("celery", no_ack=True)) is not None:
                 self.seen.append(dict(message.headers or {}))
         return self.seen
@@ -82,11 +84,12 @@ def test_delay__creates_entry_with_task_id_and_publishes_with_claim(
 def test_apply_async__pool_options_and_countdown(broker: Broker) -> None:
     make_pool("warehouse", 1)
     before = timezone.now()
-    result = record.apply_async(
+    result = record.apply_async(  # type: ignore[call-arg]  # celery-types: no **options
         (1,), countdown=60, pool_options={"priority": 9, "queue_timeout": 30}
     )
     entry = QueueEntry.objects.get(key=result.id)
     assert entry.priority == 9
+    assert entry.not_before is not None and entry.deadline is not None
     assert entry.not_before >= before + timedelta(seconds=59)
     assert entry.deadline >= entry.not_before + timedelta(seconds=29)
     assert entry.state == EntryState.WAITING, "an entry with a future ETA is not admitted yet"
@@ -127,13 +130,13 @@ def test_tasks_setting__pools_a_task_known_only_by_name(settings: Settings) -> N
 def test_arguments__what_the_serializer_refuses_is_refused_in_the_caller() -> None:
     make_pool("warehouse", 1)
     with pytest.raises(EncodeError, match="not JSON serializable"):
-        add.delay(object(), 1)
+        add.delay(object(), 1)  # type: ignore[arg-type]  # on purpose: not serializable
     assert QueueEntry.objects.count() == 0
 
 
 def test_arguments__bytes_are_held_as_celery_sends_them(broker: Broker) -> None:
     make_pool("warehouse", 1)
-    add.delay(b"\x00raw", 1)
+    add.delay(b"\x00raw", 1)  # type: ignore[arg-type]  # on purpose: bytes
     (entry,) = QueueEntry.objects.all()
     held = messages.held_in(entry.options)
     assert held is not None
@@ -155,7 +158,8 @@ def test_arguments__held_with_the_serializer_and_compression_celery_uses(
     broker: Broker, serializer: str, compression: str | None, value: object
 ) -> None:
     make_pool("warehouse", 1)
-    result = record.apply_async((value,), serializer=serializer, compression=compression)
+    options: dict[str, Any] = {"serializer": serializer, "compression": compression}
+    result = record.apply_async((value,), **options)
     entry = QueueEntry.objects.get(key=result.id)
     held = messages.held_in(entry.options)
     assert held is not None
@@ -179,7 +183,7 @@ def test_arguments__held_with_the_serializer_and_compression_celery_uses(
 def test_delay_on_commit__enqueues_only_after_commit() -> None:
     make_pool("warehouse", 1)
     with transaction.atomic():
-        add.delay_on_commit(5, 6)
+        add.delay_on_commit(5, 6)  # type: ignore[attr-defined]  # Celery 5.4+, not in celery-types
         assert QueueEntry.objects.count() == 0
     assert QueueEntry.objects.get().args == [5, 6]
 

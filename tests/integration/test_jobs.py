@@ -72,6 +72,7 @@ def test_start_job__pooled_task_is_queued_with_its_args_options_and_origin(
     assert entry.origin == Origin.MANUAL
     # Celery built the message (held in line by the gate) from the job's options.
     ((task_id, headers, routing_key, properties),) = published
+    assert properties is not None
     assert (task_id, routing_key, properties["priority"]) == (entry.key, "exports", 4)
     assert (headers["tenant"], headers["periodic_task_name"]) == ("t1", "nightly-add")
     assert entry.state == EntryState.ADMITTED and recorder.keys() == [entry.key]

@@ -15,6 +15,7 @@ from pytest_django import Settings
 
 from pools.celery.keeper import LeaseKeeper, body_running
 from pools.core import admission, leases, sweeps
+from pools.core.leases import Claim
 from pools.exceptions import LeaseLost
 from pools.models import EntryState, EventKind, PoolEvent, QueueEntry
 from tests.bridge import RecordingBridge
@@ -170,6 +171,13 @@ def test_sweep_command__prints_report(
     assert "requeued 0, expired 0" in capsys.readouterr().out
 
 
+def start(entry_id: int, token: int) -> Claim:
+    """``leases.start`` on worker ``w``, which must succeed (the entry was just admitted)."""
+    claim = leases.start(entry_id, token, worker="w")
+    assert claim is not None
+    return claim
+
+
 @pytest.fixture
 def short_lease(settings: Settings) -> None:
     settings.POOLS = {**settings.POOLS, "LEASE_SECONDS": 1.5, "HEARTBEAT_SECONDS": 0.25}
@@ -188,7 +196,7 @@ def test_keeper__partition_interrupts_main_thread_body_before_lapse(
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
-    claim = leases.start(adm.entry_id, adm.token, worker="w")
+    claim = start(adm.entry_id, adm.token)
     keeper.hold(claim)
     keeper.partitioned = True
     started = time.monotonic()
@@ -197,6 +205,7 @@ def test_keeper__partition_interrupts_main_thread_body_before_lapse(
     elapsed = time.monotonic() - started
     lost, expires_at = keeper.release(claim.entry_id)
     assert lost
+    assert expires_at is not None
     assert timezone.now() < expires_at, "the body must stop before the lease lapses"
     assert elapsed < 1.5
 
@@ -211,7 +220,7 @@ def test_keeper__refused_renewal_interrupts_thread_body(
     ready = threading.Event()
 
     def body() -> None:
-        claim = leases.start(adm.entry_id, adm.token, worker="w")
+        claim = start(adm.entry_id, adm.token)
         keeper.hold(claim)
         ready.set()
         try:
@@ -240,7 +249,7 @@ def test_keeper__deferred_completion_lands_when_database_returns(
     submit(key="a")
     submit(key="b")
     adm = recorder.admissions[0]
-    claim = leases.start(adm.entry_id, adm.token, worker="w")
+    claim = start(adm.entry_id, adm.token)
     keeper.partitioned = True
     keeper.defer_settle(claim, "succeeded", claim.lease_expires_at)
     keeper.retry_settles()
@@ -270,7 +279,7 @@ def test_keeper__lease_lost_after_the_body_returned_raises_nothing(
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
-    claim = leases.start(adm.entry_id, adm.token, worker="w")
+    claim = start(adm.entry_id, adm.token)
     with body_running():
         keeper.hold(claim)
     keeper.partitioned = True

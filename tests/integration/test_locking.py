@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection
+from django.db.models import QuerySet
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries, Settings
@@ -420,7 +421,7 @@ def test_partial_indexes__serve_the_queries_that_use_them(recorder: RecordingBri
     """
     now = timezone.now()
     held = QueueEntry.objects.held()
-    cases = {
+    cases: dict[str, list[QuerySet[Any]]] = {
         "pools_entry_state_lease": [
             held.filter(lease_expires_at__lt=now),  # lapsed leases (sweeps.reclaim)
             held.filter(lease_expires_at__lt=now).order_by("lease_expires_at")[:1],

@@ -11,6 +11,14 @@ from celery import Celery, Task, shared_task
 from pools import pooled
 from pools.celery.decorators import spec_of
 from pools.exceptions import PoolConfigurationError
+from pools.specs import PoolSpec
+
+
+def spec(task: object) -> PoolSpec:
+    """The spec ``@pooled`` attached to ``task`` (which must have one)."""
+    found = spec_of(task)
+    assert found is not None, f"{task!r} is not pooled"
+    return found
 
 
 @pytest.fixture
@@ -26,8 +34,8 @@ def test_below_app_task__spec_visible_and_signature_kept(app: Celery) -> None:
     def export(day: str, *, full: bool = False) -> str:
         return day
 
-    assert spec_of(export).demand == {"warehouse": 2}
-    assert spec_of(export).priority == 10
+    assert spec(export).demand == {"warehouse": 2}
+    assert spec(export).priority == 10
     # Celery's argument check still sees the real signature (functools.wraps).
     with pytest.raises(TypeError):
         export.apply_async(args=(), kwargs={"nope": 1})
@@ -39,7 +47,7 @@ def test_below_app_task_bind__gets_self(app: Celery) -> None:
     def bound(self: Task, x: int) -> tuple[str, int]:
         return (self.name, x)
 
-    assert spec_of(bound).demand == {"warehouse": 1}
+    assert spec(bound).demand == {"warehouse": 1}
     assert bound(3) == (bound.name, 3)  # a direct call runs the body in place
 
 
@@ -49,7 +57,7 @@ def test_above_app_task__wraps_the_task(app: Celery) -> None:
     def multi(x: int) -> int:
         return x * 2
 
-    assert spec_of(multi).demand == {"a": 1, "b": 2}
+    assert spec(multi).demand == {"a": 1, "b": 2}
     assert multi(2) == 4
 
 
@@ -62,7 +70,7 @@ def test_above_lazy_app_task__applies_when_evaluated() -> None:
         return x
 
     lazy.finalize()
-    assert spec_of(lazy.tasks[later.name]).demand == {"p": 1}
+    assert spec(lazy.tasks[later.name]).demand == {"p": 1}
 
 
 def test_class_based_task(app: Celery) -> None:
@@ -74,7 +82,7 @@ def test_class_based_task(app: Celery) -> None:
             return x + 1
 
     task = app.register_task(Export())
-    assert spec_of(task).demand == {"warehouse": 1}
+    assert spec(task).demand == {"warehouse": 1}
     assert task(1) == 2
 
 
@@ -133,7 +141,7 @@ def test_gate_task__autoretry_class_task_runs_through_the_gate(
 
     task = app.register_task(Flaky())
     gate_task(task, PoolSpec.build("warehouse"))
-    assert spec_of(task).demand == {"warehouse": 1}
+    assert spec(task).demand == {"warehouse": 1}
     assert task.run() == "ran"
     assert len(gated_calls) == 1, "the body went through the gate exactly once"
 

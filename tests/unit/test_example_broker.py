@@ -17,6 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "example_project"))
 from example_project import broker
 
 
+def channel_of(conn: Connection) -> broker.Channel:
+    """The example broker's channel of ``conn``."""
+    channel = conn.default_channel
+    assert isinstance(channel, broker.Channel)
+    return channel
+
+
 @pytest.fixture
 def connection(tmp_path: Path) -> Iterator[tuple[Connection, Path]]:
     folders = {name: tmp_path / name for name in ("queue", "processed", "control")}
@@ -48,7 +55,7 @@ def test_put__leaves_only_whole_message_files(connection: tuple[Connection, Path
 
 def test_get__skips_a_file_still_being_written(connection: tuple[Connection, Path]) -> None:
     conn, folder = connection
-    channel = conn.default_channel
+    channel = channel_of(conn)
     # What a producer leaves while it writes: an incomplete file under the hidden name.
     (folder / f"1_abc.jobs.msg{broker.PARTIAL}").write_bytes(b'{"body": "hal')
 
@@ -81,11 +88,11 @@ def test_concurrent_producer_and_consumer__every_message_arrives_whole(
     def produce() -> None:
         with conn.clone() as other:
             for i in range(count):
-                other.default_channel._put("jobs", {"i": i, "pad": "y" * 2000})
+                channel_of(other)._put("jobs", {"i": i, "pad": "y" * 2000})
 
     producer = threading.Thread(target=produce)
     producer.start()
-    channel = conn.default_channel
+    channel = channel_of(conn)
     while len(received) < count:
         try:
             received.append(channel._get("jobs")["i"])
