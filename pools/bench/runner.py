@@ -254,7 +254,8 @@ def _loadavg() -> list[float]:
 def _autovacuum() -> bool | None:
     if connection.vendor != "postgresql":
         return None
-    return backlog.scalar("SHOW autovacuum") == "on"
+    setting: str = backlog.scalar("SHOW autovacuum")
+    return setting == "on"
 
 
 def _meta(ctx: Context) -> dict[str, Any]:

@@ -241,8 +241,8 @@ def _other_gates(names: Iterable[str], known: dict[str, _Gate]) -> dict[str, _Ga
         out[p.name] = _Gate(
             name=p.name,
             paused=p.paused,
-            free=max(explain.capacity(p) - p._held, 0),  # type: ignore[attr-defined]
-            first=p._first,  # type: ignore[attr-defined]
+            free=max(explain.capacity(p) - p._held, 0),
+            first=p._first,
         )
     return out
 
