@@ -47,7 +47,7 @@ class LineItem:
     queue_id: int
     key: str
     task_name: str
-    state: str
+    state: EntryState
     priority: int
     slots: int
     #: 1-based place in the pool's line (waiting entries only).
@@ -119,7 +119,7 @@ def item(d: Demand, position: int | None = None, **extra: Any) -> LineItem:
         queue_id=e.queue_id,
         key=e.key,
         task_name=e.task_name,
-        state=e.state,
+        state=EntryState(e.state),  # the model field reads back a plain str
         priority=e.priority,
         slots=d.slots,
         position=position,

@@ -40,7 +40,7 @@ from pools import signals
 from pools.core import admission, dispatch, leases, records, sweeps
 from pools.core.records import Submission
 from pools.exceptions import PoolError
-from pools.models import Demand, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, EventKind, Pool, PoolEvent, QueueEntry
 from pools.specs import PoolSpec
 from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
@@ -445,8 +445,8 @@ def test_differential__self_test_catches_a_planted_difference(
     sql = run_path(DEFAULT_SEEDS[0], True, settings, recorder, listener)
     real = events.record
 
-    def planted(kind: str, entries: Any, *, at: datetime, detail: Any = None) -> None:
-        real(kind, entries, at=at, detail=None if kind == "started" else detail)
+    def planted(kind: EventKind, entries: Any, *, at: datetime, detail: Any = None) -> None:
+        real(kind, entries, at=at, detail=None if kind == EventKind.STARTED else detail)
 
     with mock.patch.object(events, "record", planted):
         orm = run_path(DEFAULT_SEEDS[0], False, settings, recorder, listener)
