@@ -304,7 +304,7 @@ def wait_ready(
 def stop(processes: Sequence[Process], timeout: float) -> None:
     """SIGTERM all at once (warm shutdown), wait up to ``timeout``, then SIGKILL each group.
 
-    Every process is reaped and its log closed: afterwards ``returncode`` is set for all.
+    Every process is reaped and its log closed (see :func:`kill` for one that cannot be).
     """
     for process in processes:
         if process.alive():
