@@ -192,7 +192,7 @@ def wait_for_port(port: int, timeout: float = 20) -> None:
 def wait_for_worker(worker: processes.Process, timeout: float = 60) -> None:
     """Wait until the worker logs that it is ready, so the burst starts running at once."""
     started = time.monotonic()
-    # The log's readiness marker, not a ping: the filesystem broker has no broadcast.
+    # The readiness marker in its log (INFO level): no broker round trip needed.
     try:
         processes.wait_ready([worker], timeout=timeout)
     except processes.ProcessStartError as exc:
