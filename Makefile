@@ -23,7 +23,7 @@ services:
 lint: install
 	$(BIN)/ruff check pools pools_admin tests example_project
 	$(BIN)/ruff format --check pools pools_admin
-	$(BIN)/mypy pools pools_admin
+	$(BIN)/mypy pools pools_admin tests
 	PYTHONPATH=. DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/django-admin makemigrations --check --dry-run pools
 
 docs: install

@@ -8,6 +8,7 @@ and adds "Run now" to django-celery-beat's ``PeriodicTask`` admin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import update_wrapper
 from typing import Any
 
@@ -25,7 +26,7 @@ from pools.querysets import held_slots_expr, waiting_count_expr
 from pools_admin import views, why
 
 
-def _mount(model_admin: admin.ModelAdmin[Any], view: Any) -> Any:
+def _mount(model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponse]) -> Any:
     """``view(request, model_admin, ...)`` as an admin view of ``model_admin``'s site."""
 
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -36,7 +37,7 @@ def _mount(model_admin: admin.ModelAdmin[Any], view: Any) -> Any:
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class PoolAdmin(admin.ModelAdmin):
     list_display = (
         "name",
         "capacity",
@@ -53,11 +54,12 @@ class PoolAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Pool]:
         # Held and waiting as correlated subqueries: one query for the whole list.
-        return (
+        queryset: QuerySet[Pool] = (
             super()
             .get_queryset(request)
             .annotate(held_slots=held_slots_expr(), waiting_count=waiting_count_expr())
         )
+        return queryset
 
     @admin.display(description="capacity", ordering="slots")
     def capacity(self, obj: Pool) -> int:
@@ -136,7 +138,7 @@ class PoolFilter(admin.SimpleListFilter):
 
 
 @admin.register(QueueEntry)
-class QueueEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class QueueEntryAdmin(admin.ModelAdmin):
     list_display = (
         "queue_id",
         "task_name",
@@ -264,7 +266,7 @@ class QueueEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(PoolEvent)
-class PoolEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class PoolEventAdmin(admin.ModelAdmin):
     list_display = ("id", "at", "kind", "pool", "entry_id", "token")
     list_filter = ("kind", "pool")
     search_fields = ("key",)
@@ -277,7 +279,7 @@ class PoolEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(WorkerNode)
-class WorkerNodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WorkerNodeAdmin(admin.ModelAdmin):
     list_display = ("hostname", "pid", "started_at", "last_seen")
 
 
@@ -296,7 +298,7 @@ def run_now(
         modeladmin.message_user(request, text, level)
 
 
-def _has_start_job_permission(self: admin.ModelAdmin, request: HttpRequest) -> bool:  # type: ignore[type-arg]
+def _has_start_job_permission(self: admin.ModelAdmin, request: HttpRequest) -> bool:
     """``pools.start_job`` (the REST API's) or the change permission on periodic tasks."""
     return bool(request.user.has_perm("pools.start_job") or self.has_change_permission(request))
 

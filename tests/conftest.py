@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.conf import settings
+from pytest_django import Settings
+
+from tests.bridge import RecordingBridge
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -32,8 +34,12 @@ def require_service(name: str, host: str, port: int) -> None:
     pytest.skip(message)
 
 
+def _on_postgres() -> bool:
+    return str(settings.DATABASES["default"]["ENGINE"]).endswith("postgresql")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    on_postgres = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+    on_postgres = _on_postgres()
     deselected = [i for i in items if i.get_closest_marker("postgres") and not on_postgres]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
@@ -42,22 +48,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _services(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("postgres") or settings.DATABASES["default"][
-        "ENGINE"
-    ].endswith("postgresql"):
+    if request.node.get_closest_marker("postgres") or _on_postgres():
         require_service("PostgreSQL", "127.0.0.1", 5432)
     if request.node.get_closest_marker("redis"):
         require_service("Redis", "127.0.0.1", 6379)
 
 
 @pytest.fixture
-def recorder(settings: pytest.FixtureRequest) -> Iterator[object]:
+def recorder(settings: Settings) -> Iterator[RecordingBridge]:
     """Route admissions to an in-memory recorder instead of Celery."""
     from tests.bridge import recorder as rec
 
-    pools = dict(settings.POOLS)  # type: ignore[attr-defined]
+    pools = dict(settings.POOLS)
     pools["PUBLISHER"] = "tests.bridge.recorder"
-    settings.POOLS = pools  # type: ignore[attr-defined]
+    settings.POOLS = pools
     from pools.core import dispatch
 
     rec.reset()
@@ -71,7 +75,7 @@ def _admission_paths() -> list[str]:
 
 
 @pytest.fixture(params=_admission_paths())
-def admission_path(request: pytest.FixtureRequest, settings: Any) -> str:
+def admission_path(request: pytest.FixtureRequest, settings: Settings) -> str:
     """Run a test on PostgreSQL's stored-function fast path and on the portable ORM path."""
     settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": request.param == "sql"}
     return str(request.param)

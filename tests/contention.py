@@ -42,7 +42,7 @@ import sqlite3
 import threading
 import time
 import traceback
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,7 +134,9 @@ class Recorder:
         if self._pg is None:
             import psycopg
 
-            params = {k: v for k, v in self.spec.items() if k not in {"kind", "table"}}
+            params: dict[str, Any] = {
+                k: v for k, v in self.spec.items() if k not in {"kind", "table"}
+            }
             self._pg = psycopg.connect(
                 **params, autocommit=True, options="-c synchronous_commit=off"
             )
@@ -348,7 +350,7 @@ class ChildStats:
     lost_claims: int = 0
     polls: int = 0
     #: Seconds spent in each kind of call (enqueue, poll, start, hold, settle, idle).
-    seconds: Counter[str] = field(default_factory=Counter)
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     #: Slowest single call of each kind, in seconds.
     slowest: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -418,7 +420,7 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
     from pools.specs import PoolSpec
 
     if cfg.sabotage:
-        admission._held_by_pool = lambda pool_ids: {}  # type: ignore[assignment]
+        admission._held_by_pool = lambda pool_ids: {}
     stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec
@@ -594,10 +596,11 @@ class Result:
 
     def timings(self) -> str:
         """Seconds per kind of call, summed over the children, and the slowest call."""
-        total: Counter[str] = Counter()
+        total: defaultdict[str, float] = defaultdict(float)
         slowest: dict[str, float] = {}
         for c in self.children:
-            total.update(c.seconds)
+            for k, seconds in c.seconds.items():
+                total[k] += seconds
             for k, v in c.slowest.items():
                 slowest[k] = max(slowest.get(k, 0.0), v)
         return ", ".join(

@@ -43,15 +43,17 @@ UNAVAILABLE = "pool state is unavailable"
 
 def status_of(exc: PoolError) -> int:
     """The HTTP status of a pool error (the order matters: refusals may also be config errors)."""
+    # DRF ships no type information: its status constants are typed here (ints).
+    code: int = status.HTTP_500_INTERNAL_SERVER_ERROR
     if isinstance(exc, PoolUnavailable):
-        return status.HTTP_503_SERVICE_UNAVAILABLE
-    if isinstance(exc, PoolRefused):
-        return status.HTTP_409_CONFLICT
-    if isinstance(exc, EntryNotFound | UnknownPool | JobNotFound):
-        return status.HTTP_404_NOT_FOUND
-    if isinstance(exc, PoolConfigurationError):
-        return status.HTTP_400_BAD_REQUEST
-    return status.HTTP_500_INTERNAL_SERVER_ERROR
+        code = status.HTTP_503_SERVICE_UNAVAILABLE
+    elif isinstance(exc, PoolRefused):
+        code = status.HTTP_409_CONFLICT
+    elif isinstance(exc, EntryNotFound | UnknownPool | JobNotFound):
+        code = status.HTTP_404_NOT_FOUND
+    elif isinstance(exc, PoolConfigurationError):
+        code = status.HTTP_400_BAD_REQUEST
+    return code
 
 
 def body_of(exc: PoolError) -> dict[str, Any]:

@@ -238,4 +238,5 @@ class PoolInputSerializer(serializers.Serializer[Any]):
 
     def validate_max_queued(self, value: int | None) -> int | None:
         """A positive integer or null (unlimited)."""
-        return _field_check("max_queued", value)
+        checked: int | None = _field_check("max_queued", value)
+        return checked

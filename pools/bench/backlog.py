@@ -322,7 +322,7 @@ def _copy_sql(
         )
         SELECT (SELECT count(*) FROM new), (SELECT count(*) FROM dem), (SELECT count(*) FROM ev)
     """
-    encoder = QueueEntry._meta.get_field("args").encoder  # type: ignore[union-attr]
+    encoder = QueueEntry._meta.get_field("args").encoder
     params: dict[str, Any] = {
         "keys": keys,
         "args": [json.dumps(a, cls=encoder) for a in args],
@@ -461,7 +461,7 @@ def remove_pools() -> int:
             f"(SELECT {qn('entry_id')} FROM {demands} WHERE {qn('pool_id')} IN ({in_pools}))",
             pool_ids,
         )
-        deleted = max(cursor.rowcount, 0)
+        deleted: int = max(cursor.rowcount, 0)
         cursor.execute(f"DELETE FROM {demands} WHERE {qn('pool_id')} IN ({in_pools})", pool_ids)
         cursor.execute(
             f"DELETE FROM {qn(PoolEvent._meta.db_table)} WHERE {qn('pool')} IN "

@@ -150,7 +150,7 @@ def _submit(
     kwargs: Any,
     spec: PoolSpec,
     options: dict[str, Any],
-    origin: str | None = None,
+    origin: Origin | None = None,
 ) -> Any:
     """Let Celery build the message as it would publish it, and put it in line instead.
 
@@ -180,7 +180,7 @@ def _submit(
         return _original_send_task(app, name, args, kwargs, producer=capture, **options)
 
 
-def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: str | None) -> None:
+def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: Origin | None) -> None:
     headers = message.headers
     headers.pop(CLAIM_HEADER, None)
     if origin is None:

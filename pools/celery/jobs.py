@@ -45,7 +45,7 @@ def _json_field(raw: str | None, default: Any, name: str, what: str) -> Any:
         ) from exc
 
 
-def start_job(name: str, *, origin: str = Origin.MANUAL) -> JobStarted:
+def start_job(name: str, *, origin: Origin = Origin.MANUAL) -> JobStarted:
     """Send periodic task ``name``'s task now, through the pools gate.
 
     Raises :class:`JobNotFound` for an unknown name; a pool's refusal propagates

@@ -15,11 +15,11 @@ from typing import Any
 from django.db import transaction
 
 from pools import signals
-from pools.models import PoolEvent, QueueEntry
+from pools.models import EventKind, PoolEvent, QueueEntry
 
 
 def record(
-    kind: str,
+    kind: EventKind,
     entries: Iterable[QueueEntry],
     *,
     at: datetime,
@@ -42,12 +42,12 @@ def record(
     save_rows(kind, rows)
 
 
-def record_pool(kind: str, pool: str, *, at: datetime, detail: dict[str, Any]) -> None:
+def record_pool(kind: EventKind, pool: str, *, at: datetime, detail: dict[str, Any]) -> None:
     """Append one pool-level event (capacity changed, paused)."""
     save_rows(kind, [PoolEvent(at=at, kind=kind, pool=pool, detail=detail)])
 
 
-def save_rows(kind: str, rows: list[PoolEvent]) -> None:
+def save_rows(kind: EventKind, rows: list[PoolEvent]) -> None:
     """Insert event rows (all of ``kind``) and send their signal after commit."""
     if not rows:
         return

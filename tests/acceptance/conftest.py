@@ -16,21 +16,18 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import pytest
 from django.conf import settings
 from django.db import connection
 
+from pools.celery import processes
+from pools.celery.processes import Process
 from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,30 +54,20 @@ _LOGS = pytest.StashKey[list[Path]]()
 _names = itertools.count(1)
 
 
-@dataclass
-class Worker:
-    """One ``celery worker`` subprocess."""
-
-    name: str  # node name, e.g. ``accept-1-ab12cd@myhost``
-    proc: subprocess.Popen[bytes]
-    log: Path
-    #: Errors this worker logs are expected by the test (fault injection).
-    allow_errors: bool = False
-    _log_file: Any = field(repr=False, default=None)
-
-    def log_text(self) -> str:
-        return read_log(self.log)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
+#: One ``celery worker`` subprocess: node name, ``proc``, ``log``, ``log_text()``, ``alive()``.
+Worker = Process
 
 
-def read_log(path: Path) -> str:
-    """A subprocess log, or '' if it is not there (yet)."""
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
+class StartWorkers(Protocol):
+    """The ``celery_workers`` fixture: start workers, return them once they answer a ping."""
+
+    def __call__(
+        self,
+        count: int = 2,
+        concurrency: int = 4,
+        pool: str = "prefork",
+        allow_errors: bool = False,
+    ) -> list[Worker]: ...
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -125,7 +112,6 @@ def _worker_env() -> dict[str, str]:
         {
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
-            "PYTHONUNBUFFERED": "1",
             "POOLS_TEST_DB": "postgres",
             # The database the test is using right now (pytest-django's test database).
             "POOLS_PG_NAME": db["NAME"],
@@ -136,66 +122,23 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _ping(app: Any, name: str) -> bool:
-    replies = app.control.ping(destination=[name], timeout=0.5)
-    return any(name in reply for reply in replies or [])
-
-
 def start_celery(
-    request: pytest.FixtureRequest, args: list[str], *, cwd: Path, log: Path
-) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    request: pytest.FixtureRequest, args: list[str], *, cwd: Path, log: Path, name: str
+) -> Process:
     """``python -m celery -A tests <args>`` in a session of its own, on the test database.
 
-    Its output goes to ``log``, which is attached to the report if the test fails.
-    Returns the process and the open log file (closed by :func:`stop_processes`).
+    Its output goes to ``log``, which is attached to the report if the test fails. Stop it
+    with :func:`pools.celery.processes.stop`.
     """
-    env = _worker_env()
-    log_file = log.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tests", *args],
-        cwd=cwd,
-        env=env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    started = processes.start_celery("tests", args, log=log, name=name, env=_worker_env(), cwd=cwd)
     request.node.stash.setdefault(_LOGS, []).append(log)
-    return proc, log_file
-
-
-class _Process(Protocol):
-    """A handle :func:`start_celery` filled in (a :class:`Worker`, a beat)."""
-
-    proc: subprocess.Popen[bytes]
-    _log_file: Any
-
-
-def stop_processes(started: Sequence[_Process], timeout: float) -> None:
-    """Warm shutdown for all at once, then SIGKILL each process group (pool children too)."""
-    for handle in started:
-        if handle.proc.poll() is None:
-            handle.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for handle in started:
-        try:
-            handle.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            pass
-    for handle in started:
-        # Each process runs in its own session: kill whatever is left of its group.
-        try:
-            os.killpg(handle.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        handle.proc.wait(timeout=timeout)
-        if handle._log_file is not None:
-            handle._log_file.close()
+    return started
 
 
 @pytest.fixture
 def celery_workers(
     request: pytest.FixtureRequest, tmp_path: Path, transactional_db: None
-) -> Iterator[Callable[..., list[Worker]]]:
+) -> Iterator[StartWorkers]:
     """Factory: ``celery_workers(count=2, concurrency=4)`` -> ready :class:`Worker` handles.
 
     ``pool`` picks the execution pool (``"prefork"`` by default, or ``"threads"``/``"solo"``).
@@ -210,6 +153,8 @@ def celery_workers(
     _need_redis_url(broker, "celery_broker_url")
     _need_redis_url(backend, "celery_result_backend")
     started: list[Worker] = []
+    #: Workers whose errors are expected by the test (fault injection).
+    errors_allowed: set[str] = set()
     request.node.stash[_LOGS] = []
     flushed = False
 
@@ -227,44 +172,25 @@ def celery_workers(
         for _ in range(count):
             node = f"accept{next(_names)}-{uuid.uuid4().hex[:6]}"
             log = tmp_path / f"{node}.log"
-            proc, log_file = start_celery(
-                request,
-                [
-                    "worker",
-                    "-P",
-                    pool,
-                    "-c",
-                    str(concurrency),
-                    "-n",
-                    f"{node}@%h",
-                    "--without-mingle",
-                    "--without-gossip",
-                    "-l",
-                    "info",
-                ],
+            process = processes.start_worker(
+                "tests",
+                node=node,
+                log=log,
+                concurrency=concurrency,
+                pool=pool,
+                env=_worker_env(),
                 cwd=ROOT,
-                log=log,
             )
-            worker = Worker(
-                name=f"{node}@{socket.gethostname()}",
-                proc=proc,
-                log=log,
-                allow_errors=allow_errors,
-                _log_file=log_file,
-            )
-            started.append(worker)
-            new.append(worker)
-        for worker in new:
-
-            def ready(w: Worker = worker) -> bool:
-                if not w.alive():
-                    pytest.fail(
-                        f"worker {w.name} exited with {w.proc.returncode} while starting:\n"
-                        f"{w.log_text()[-5000:]}"
-                    )
-                return " ready." in w.log_text() and _ping(app, w.name)
-
-            wait_for(ready, START_TIMEOUT, f"worker {worker.name} to answer a ping", 0.2)
+            request.node.stash.setdefault(_LOGS, []).append(log)
+            if allow_errors:
+                errors_allowed.add(process.name)
+            started.append(process)
+            new.append(process)
+        try:
+            # Ready: the worker logged "ready." and answers a ping over the test broker.
+            processes.wait_ready(new, timeout=START_TIMEOUT, ping=app)
+        except processes.ProcessStartError as exc:
+            pytest.fail(f"worker did not start: {exc}")
         return new
 
     yield start
@@ -274,11 +200,11 @@ def celery_workers(
     errors = [
         f"{w.name}: {line}"
         for w in started
-        if not w.allow_errors
+        if w.name not in errors_allowed
         for line in w.log_text().splitlines()
         if ERROR_LINE.match(line)
     ]
-    stop_processes(started, STOP_TIMEOUT)
+    processes.stop(started, STOP_TIMEOUT)
     leftovers = [w.name for w in started if w.proc.returncode is None]
     assert not leftovers, f"workers still running after teardown: {leftovers}"
     if errors:
