@@ -200,7 +200,7 @@ def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: Origin 
 def _submission(
     message: messages.HeldMessage,
     spec: PoolSpec,
-    origin: str,
+    origin: Origin,
     args: Any,
     kwargs: Any,
     stored: dict[str, Any],

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 from pools.models import Demand, EntryState, Pool, QueueEntry
-from tests.acceptance.conftest import WORKER_TEST_MARKS
+from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import shared_dir, wait_for
 from tests.testapp.fault_tasks import KILL_POOL, kill_span
 
@@ -21,8 +22,8 @@ __all__ = ["shared_dir"]  # fixture
 
 
 def test_shutdown__warm_shutdown_settles_running_bodies_before_the_worker_exits(
-    celery_workers, shared_dir
-):
+    celery_workers: StartWorkers, shared_dir: Path
+) -> None:
     pool = Pool.objects.create(name=KILL_POOL, slots=2)
     (worker,) = celery_workers(count=1, concurrency=2)
     results = [kill_span.delay(i, str(shared_dir), "nobody", 2.0) for i in range(2)]
@@ -32,9 +33,8 @@ def test_shutdown__warm_shutdown_settles_running_bodies_before_the_worker_exits(
         30,
         "both bodies to run",
     )
-    lease_until = max(
-        QueueEntry.objects.filter(key__in=keys).values_list("lease_expires_at", flat=True)
-    )
+    leases = QueueEntry.objects.filter(key__in=keys).values_list("lease_expires_at", flat=True)
+    lease_until = max(lease for lease in leases if lease is not None)
 
     worker.proc.send_signal(signal.SIGTERM)
     worker.proc.wait(timeout=30)

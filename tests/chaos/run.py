@@ -320,7 +320,7 @@ def plan_faults(run: Run) -> list[Fault]:
 
 def finished_fraction(run: Run) -> float:
     """Share of the planned calls whose result is stored (one file each)."""
-    return len(os.listdir(run.workdir / "results")) / max(run.args.tasks, 1)
+    return len(os.listdir(run.workdir / "results")) / max(int(run.args.tasks), 1)
 
 
 def submit(run: Run, name: str, millis: int) -> None:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.chaos]
 
 
-def test_chaos__promises_hold_under_twenty_faults():
+def test_chaos__promises_hold_under_twenty_faults() -> None:
     seed = os.environ.get("CHAOS_SEED", "20261203")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.chaos.run", "--seed", seed, "--tasks", "2000",

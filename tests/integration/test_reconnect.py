@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pytest
 from django.db import connection
@@ -27,31 +29,34 @@ def _kill_our_backend() -> None:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
-def test_pooled_call_after_the_connection_died__fails_once_then_reconnects():
+def test_pooled_call_after_the_connection_died__fails_once_then_reconnects() -> None:
     _kill_our_backend()
     with pytest.raises(PoolUnavailable):
-        record.apply_async(args=[1])
-    result = record.apply_async(args=[2])
+        record.apply_async(args=(1,))
+    result = record.apply_async(args=(2,))
     assert QueueEntry.objects.filter(key=result.id).exists()
 
 
-def test_countdown_call_while_the_broker_is_down__is_kept_and_does_not_fail(monkeypatch, caplog):
+def test_countdown_call_while_the_broker_is_down__is_kept_and_does_not_fail(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """The timed wake-up of a delayed entry cannot be sent: the call still succeeds."""
     from kombu.exceptions import OperationalError
 
     from pools.celery import gate
 
     original = gate._original_send_task
+    assert original is not None
     sent: list[str] = []
 
-    def broker_down(app, name, *args, **kwargs):
+    def broker_down(app: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         sent.append(name)
         if name == "pools.admit":
             raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
         return original(app, name, *args, **kwargs)
 
     monkeypatch.setattr(gate, "_original_send_task", broker_down)
-    result = record.apply_async(args=[3], countdown=30)
+    result = record.apply_async(args=(3,), countdown=30)
     assert QueueEntry.objects.filter(key=result.id).exists()
     assert "pools.admit" in sent, "the call asked for a timed wake-up"
     assert "the next sweep admits them" in caplog.text

@@ -24,7 +24,9 @@ def starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_start_claim__retries_while_pool_state_is_unavailable(monkeypatch, starts):
+def test_start_claim__retries_while_pool_state_is_unavailable(
+    monkeypatch: pytest.MonkeyPatch, starts: list[int]
+) -> None:
     def start(entry_id: int, token: int, *, worker: str) -> Any:
         starts.append(entry_id)
         if len(starts) < 3:
@@ -36,7 +38,9 @@ def test_start_claim__retries_while_pool_state_is_unavailable(monkeypatch, start
     assert len(starts) == 3
 
 
-def test_start_claim__gives_up_without_a_result_when_the_outage_lasts(monkeypatch, starts, caplog):
+def test_start_claim__gives_up_without_a_result_when_the_outage_lasts(
+    monkeypatch: pytest.MonkeyPatch, starts: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
     clock = iter(range(0, 10_000, 5))  # every look at the clock is 5 s later
 
     def start(entry_id: int, token: int, *, worker: str) -> Any:
