@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo test test-sqlite test-postgres test-chaos test-browser test-peer peer-full browsers lint docs services clean
+.PHONY: install demo test test-sqlite test-postgres test-rabbitmq test-chaos test-browser test-peer peer-full browsers lint docs services clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,13 @@ test-postgres: install services
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
 	$(BIN)/pytest -q tests/integration tests/acceptance --ignore tests/acceptance/test_demo.py
 
+# The acceptance tier again with RabbitMQ as the broker (guest/guest; results on Redis).
+test-rabbitmq: install services
+	POOLS_TEST_DB=postgres CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// \
+	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
+	$(BIN)/pytest -q tests/acceptance --ignore tests/acceptance/test_demo.py \
+		--ignore tests/acceptance/test_bench_smoke.py
+
 # Chaos: 2,000 pooled tasks through 3 pools on 3 prefork workers + beat while 20 faults hit
 # (SIGKILL, SIGSTOP past the lease, PostgreSQL restart, Redis restart, cancel bursts); it
 # restarts the servers, so it runs alone (~3 min). Soak: python -m tests.chaos.run --help.
@@ -68,7 +75,7 @@ test-peer: install services
 peer-full: install services
 	$(BIN)/python -m tests.peer.run
 
-test: browsers lint docs test-sqlite test-postgres test-chaos test-browser test-peer
+test: browsers lint docs test-sqlite test-postgres test-rabbitmq test-chaos test-browser test-peer
 
 clean:
 	rm -rf $(VENV) .site .pytest_cache

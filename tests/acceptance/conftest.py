@@ -82,11 +82,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
-def _need_redis_url(url: str, what: str) -> None:
-    if url.startswith("redis://"):
+def _need_url(url: str, what: str, schemes: tuple[str, ...]) -> None:
+    if url.startswith(schemes):
         return
     message = (
-        f"acceptance tests need a Redis {what} (set {what.upper()} to redis://...), got {url!r}"
+        f"acceptance tests need a real {what} ({' or '.join(schemes)}; set "
+        f"{what.upper()}), got {url!r}"
     )
     if IN_CI:
         pytest.fail(message)
@@ -94,13 +95,19 @@ def _need_redis_url(url: str, what: str) -> None:
 
 
 def _flush_broker(url: str) -> None:
-    import redis
+    """Drop messages an earlier run left behind: the Redis database, or RabbitMQ's queues."""
+    if url.startswith("redis://"):
+        import redis
 
-    client = redis.Redis.from_url(url)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
+        client = redis.Redis.from_url(url)
+        try:
+            client.flushdb()
+        finally:
+            client.close()
+        return
+    from tests.celery_app import app
+
+    app.control.purge()
 
 
 def _worker_env() -> dict[str, str]:
@@ -150,8 +157,8 @@ def celery_workers(
 
     broker = settings.CELERY_BROKER_URL
     backend = settings.CELERY_RESULT_BACKEND
-    _need_redis_url(broker, "celery_broker_url")
-    _need_redis_url(backend, "celery_result_backend")
+    _need_url(broker, "celery_broker_url", ("redis://", "amqp://"))
+    _need_url(backend, "celery_result_backend", ("redis://",))
     started: list[Worker] = []
     #: Workers whose errors are expected by the test (fault injection).
     errors_allowed: set[str] = set()
