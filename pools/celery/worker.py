@@ -202,7 +202,8 @@ def _settle_after_run(
         try:
             admission.settle(claim.entry_id, claim.token, outcome, live_lease=True)
         except Exception:
-            logger.exception("Could not settle entry %s; retrying from the keeper", claim.entry_id)
+            # The keeper logs "pool <name>: retry settlement deferred" once per outage.
+            logger.debug("Could not settle entry %s now", claim.entry_id, exc_info=True)
             keeper.defer_settle(claim, outcome, expires_at or claim.lease_expires_at)
     except Exception:
         logger.exception("Could not release entry %s; its lease will lapse", claim.entry_id)
