@@ -286,6 +286,37 @@ def _start_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
         _heartbeat.start()
 
 
+@signals.worker_shutting_down.connect(dispatch_uid="pools.celery.worker.release_reserved")
+def _release_reserved(sender: Any = None, **kwargs: Any) -> None:
+    """Give back the slots of deliveries this worker reserved but will not run.
+
+    With a prefetch multiplier above 1 a worker holds admitted messages it has not
+    started. On shutdown the broker gets them back, but their entries would keep their
+    slots until another worker starts them or their lease lapses. Requeueing them when
+    the shutdown begins (warm or cold; the main process, which runs no task bodies) puts
+    them back in line at once; the returned messages are then stale and skipped, and one
+    that starts anyway during a warm shutdown finds its token stale.
+    """
+    from celery.worker import state
+
+    active = {r.id for r in list(state.active_requests)}
+    for request in list(state.reserved_requests):
+        parsed = claim_of(_headers_of(request))
+        if request.id in active or parsed is None:
+            continue
+        try:
+            admission.requeue(*parsed, reason="worker shutdown")
+        except Exception:
+            logger.warning(
+                "Could not requeue entry %s at shutdown; its lease will lapse", parsed[0]
+            )
+
+
+def _headers_of(request: Any) -> Any:
+    message = getattr(request, "message", None)
+    return message if message is not None else request
+
+
 @signals.worker_shutdown.connect(dispatch_uid="pools.celery.worker.shutdown")
 def _stop_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
     if _heartbeat is None:
