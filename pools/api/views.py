@@ -192,7 +192,10 @@ class PoolEntriesView(PoolsAPIView):
         ],
         responses={
             200: s.EntriesPageSerializer,
-            400: _error("Invalid state, limit or cursor."),
+            400: _error(
+                "Invalid limit (per field), or state or cursor (invalid_cursor).",
+                s.BadRequestSerializer,
+            ),
             404: _error("Unknown pool."),
             **COMMON,
         },
@@ -255,7 +258,11 @@ class CancelView(PoolsAPIView):
         request=s.CancelSerializer,
         responses={
             200: s.EntrySerializer,
-            400: _error("Invalid body (terminate must be a boolean)."),
+            400: _error(
+                "Invalid body: terminate must be a boolean (per field), or unreadable JSON "
+                "(parse_error).",
+                s.BadRequestSerializer,
+            ),
             404: _error("Unknown pool, or no entry with this key in the pool."),
             409: _error(
                 "The pool refuses: the entry is already running (without terminate) or "
