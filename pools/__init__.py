@@ -12,6 +12,7 @@ from pools.exceptions import (
     EntryNotFound,
     JobNotFound,
     LeaseLost,
+    MessageTooLarge,
     NotCancellable,
     PoolConfigurationError,
     PoolDefinedInSettings,
@@ -23,6 +24,7 @@ from pools.exceptions import (
     PoolUnavailable,
     QueueTimeout,
     UnknownPool,
+    UnserializableArguments,
 )
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ __all__ = [
     "EntryNotFound",
     "JobNotFound",
     "LeaseLost",
+    "MessageTooLarge",
     "NotCancellable",
     "PoolConfigurationError",
     "PoolDefinedInSettings",
@@ -47,6 +50,7 @@ __all__ = [
     "PoolUnavailable",
     "QueueTimeout",
     "UnknownPool",
+    "UnserializableArguments",
     "__version__",
     "cancel",
     "current_claim",
