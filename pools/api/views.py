@@ -1,5 +1,9 @@
 """REST endpoints. Every change goes through the service functions of the core.
 
+Reads run in a transaction bounded like every pool operation (``LOCK_TIMEOUT_SECONDS``):
+a table locked by a migration or a stuck session answers 503 at the bound instead of
+hanging the request.
+
 Authentication: the project's ``DEFAULT_AUTHENTICATION_CLASSES`` (DRF's default: session,
 with CSRF, and basic), plus token authentication when ``rest_framework.authtoken`` is
 installed. Permissions: Django model permissions per method (:mod:`pools.api.permissions`).
@@ -22,7 +26,7 @@ from pools.api import errors, permissions
 from pools.api import serializers as s
 from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, view_schema
 from pools.celery import jobs
-from pools.core import admission, definitions, explain, snapshots
+from pools.core import admission, definitions, explain, locking, snapshots
 from pools.exceptions import EntryNotFound, PoolRefused, UnknownPool
 from pools.models import Origin, Pool
 
@@ -99,7 +103,8 @@ class PoolListView(PoolsAPIView):
     )
     def get(self, request: Request) -> Response:
         """Snapshots of every pool, by name."""
-        snaps = snapshots.snapshot_all(head=LIST_HEAD, recent=LIST_RECENT)
+        with locking.bounded("read pools"):
+            snaps = snapshots.snapshot_all(head=LIST_HEAD, recent=LIST_RECENT)
         return Response(s.PoolSnapshotSerializer(snaps, many=True).data)
 
     @extend_schema(
@@ -131,7 +136,8 @@ class PoolDetailView(PoolsAPIView):
     )
     def get(self, request: Request, name: str) -> Response:
         """One pool."""
-        snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
+        with locking.bounded(f"read pool {name}"):
+            snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
         return Response(s.PoolSnapshotSerializer(snap).data)
 
     @extend_schema(
@@ -210,7 +216,8 @@ class PoolEntriesView(PoolsAPIView):
             raise ValidationError({"limit": ["limit must be an integer."]}) from exc
         if not 1 <= limit <= snapshots.MAX_PAGE:
             raise ValidationError({"limit": [f"limit must be between 1 and {snapshots.MAX_PAGE}."]})
-        page = snapshots.entries_page(name, state=state, cursor=cursor, limit=limit)
+        with locking.bounded(f"read pool {name}"):
+            page = snapshots.entries_page(name, state=state, cursor=cursor, limit=limit)
         next_url = None
         if page.next_cursor:
             query = urlencode({"state": state, "limit": limit, "cursor": page.next_cursor})
@@ -237,7 +244,8 @@ class EntryDetailView(PoolsAPIView):
     )
     def get(self, request: Request, key: str) -> Response:
         """The entry and its places."""
-        got = explain.explain_key(key)
+        with locking.bounded("read entry"):
+            got = explain.explain_key(key)
         body = dict(s.EntrySerializer(got.entry).data)
         body["blocked_by"] = got.blocked_by
         body["eta"] = _datetime.to_representation(got.eta) if got.eta else None
