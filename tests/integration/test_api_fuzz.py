@@ -126,7 +126,7 @@ def fuzz(headers: dict[str, str]) -> list[str]:
 
                 try:
                     run()
-                except Exception as exc:  # noqa: BLE001 - collected, reported below
+                except Exception as exc:  # collected, reported below
                     first = str(exc).strip().splitlines()[:12]
                     failures.append(
                         f"{operation.label} [{mode}, paths={params}]: " + " | ".join(first)

@@ -76,9 +76,7 @@ def _action(model: str, action: str, keys: Callable[[], list[int]]) -> dict[str,
 
 
 SURFACES = [
-    Surface(
-        "card fragment", "get", lambda: reverse("admin:pools_pool_card"), ("pools.view_pool",)
-    ),
+    Surface("card fragment", "get", lambda: reverse("admin:pools_pool_card"), ("pools.view_pool",)),
     Surface(
         "pool occupancy page",
         "get",
@@ -142,9 +140,7 @@ SURFACES = [
         "post",
         lambda: reverse("admin:pools_pool_changelist"),
         ("pools.change_pool",),
-        data=lambda: _action(
-            "pool", "pause_pools", lambda: [Pool.objects.get(name="spare").pk]
-        ),
+        data=lambda: _action("pool", "pause_pools", lambda: [Pool.objects.get(name="spare").pk]),
         action=True,
     ),
     Surface(
