@@ -311,7 +311,7 @@ class JobStartView(PoolsAPIView):
             404: _error("Unknown periodic task (job_not_found)."),
             409: _error(
                 "A pool refuses the task (pool_full, pool_draining, unknown_pool, "
-                "demand_exceeds_capacity, ...)."
+                "demand_exceeds_capacity, message_too_large, ...)."
             ),
             **COMMON,
         },
