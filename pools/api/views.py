@@ -26,7 +26,7 @@ from pools.api import errors, permissions
 from pools.api import serializers as s
 from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, view_schema
 from pools.celery import jobs
-from pools.core import admission, definitions, explain, locking, snapshots
+from pools.core import admission, definitions, explain, reads, snapshots
 from pools.exceptions import EntryNotFound, PoolRefused, UnknownPool
 from pools.models import Origin, Pool
 
@@ -103,7 +103,7 @@ class PoolListView(PoolsAPIView):
     )
     def get(self, request: Request) -> Response:
         """Snapshots of every pool, by name."""
-        with locking.bounded("read pools"):
+        with reads.bounded_read("read pools"):
             snaps = snapshots.snapshot_all(head=LIST_HEAD, recent=LIST_RECENT)
         return Response(s.PoolSnapshotSerializer(snaps, many=True).data)
 
@@ -136,7 +136,7 @@ class PoolDetailView(PoolsAPIView):
     )
     def get(self, request: Request, name: str) -> Response:
         """One pool."""
-        with locking.bounded(f"read pool {name}"):
+        with reads.bounded_read(f"read pool {name}"):
             snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
         return Response(s.PoolSnapshotSerializer(snap).data)
 
@@ -216,7 +216,7 @@ class PoolEntriesView(PoolsAPIView):
             raise ValidationError({"limit": ["limit must be an integer."]}) from exc
         if not 1 <= limit <= snapshots.MAX_PAGE:
             raise ValidationError({"limit": [f"limit must be between 1 and {snapshots.MAX_PAGE}."]})
-        with locking.bounded(f"read pool {name}"):
+        with reads.bounded_read(f"read pool {name}"):
             page = snapshots.entries_page(name, state=state, cursor=cursor, limit=limit)
         next_url = None
         if page.next_cursor:
@@ -244,7 +244,7 @@ class EntryDetailView(PoolsAPIView):
     )
     def get(self, request: Request, key: str) -> Response:
         """The entry and its places."""
-        with locking.bounded("read entry"):
+        with reads.bounded_read("read entry"):
             got = explain.explain_key(key)
         body = dict(s.EntrySerializer(got.entry).data)
         body["blocked_by"] = got.blocked_by
