@@ -111,6 +111,25 @@ def test_wrong_password__basic_auth_is_refused(rows, method, path, body, perm):
     assert tables() == before
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Basic " + base64.b64encode(b"root\x00:pw").decode(),
+        "Token abc\x00def",
+    ],
+    ids=["nul-in-basic-name", "nul-in-token"],
+)
+def test_nul_byte_in_credentials__is_refused_not_a_500(rows, header):
+    """Found by the fuzzer: PostgreSQL refuses a NUL byte in the user lookup (DataError)."""
+    User.objects.create_user("root", password="pw")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=header)
+    before = tables()
+    refused(client.get(url("pools/")), 403, "authentication_failed")
+    refused(call(client, "patch", "pools/spare/", {"slots": 9}), 403, "authentication_failed")
+    assert tables() == before
+
+
 @pytest.mark.parametrize("method,path,body,perm", WRITES, ids=WRITE_IDS)
 def test_inactive_user__token_is_refused(rows, method, path, body, perm):
     user = make_user(*ALL_PERMS)
