@@ -13,6 +13,7 @@ from pools.exceptions import (
     EntryNotFound,
     JobNotFound,
     LeaseLost,
+    MessageTooLarge,
     NotCancellable,
     PoolConfigurationError,
     PoolDefinedInSettings,
@@ -24,6 +25,7 @@ from pools.exceptions import (
     PoolUnavailable,
     QueueTimeout,
     UnknownPool,
+    UnserializableArguments,
 )
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ __all__ = [
     "EntryNotFound",
     "JobNotFound",
     "LeaseLost",
+    "MessageTooLarge",
     "NotCancellable",
     "PoolConfigurationError",
     "PoolDefinedInSettings",
@@ -51,6 +54,7 @@ __all__ = [
     "PoolUnavailable",
     "QueueTimeout",
     "UnknownPool",
+    "UnserializableArguments",
     "__version__",
     "cancel",
     "current_claim",

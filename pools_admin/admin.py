@@ -15,8 +15,8 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db import DatabaseError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path, reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.urls import URLPattern, path, re_path, reverse
 from django.utils.html import format_html
 
 from pools.core import admission, definitions
@@ -191,6 +191,10 @@ class QueueEntryAdmin(admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        if request.method == "POST":
+            # Read-only: saving the form would write the whole row outside the service
+            # functions (over whatever a worker changed meanwhile). Use the actions.
+            return HttpResponseNotAllowed(["GET", "HEAD"])
         context: dict[str, Any] = {
             "show_save": False,
             "show_save_and_continue": False,
@@ -259,7 +263,10 @@ class QueueEntryAdmin(admin.ModelAdmin):
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
             path("card/cancel/", _mount(self, views.card_cancel), name=f"{info}_card_cancel"),
-            path("run/<str:root_id>/", _mount(self, views.run_panel), name=f"{info}_run"),
+            # A root id is a Celery task id, which may hold any character ("/", newlines).
+            re_path(
+                r"^run/(?P<root_id>[\s\S]+)/\Z", _mount(self, views.run_panel), name=f"{info}_run"
+            ),
             path("<int:queue_id>/panel/", _mount(self, views.entry_panel), name=f"{info}_panel"),
             *super().get_urls(),
         ]

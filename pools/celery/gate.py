@@ -19,11 +19,12 @@ from typing import Any
 
 from celery import Celery, signals
 from celery.app import base as celery_base
+from celery.utils import uuid
 from django.db import connection
 from django.utils import timezone
 
 from pools import conf
-from pools.celery import messages, results
+from pools.celery import messages, refusals, results
 from pools.celery.decorators import gate_task, spec_of
 from pools.celery.messages import ADMITTED_OPTION, CALL_OPTION, CLAIM_HEADER, ORIGIN_OPTION
 from pools.core import admission
@@ -140,7 +141,23 @@ def _gated_send_task(
                 f"@pooled or list it in POOLS['TASKS']."
             )
         return _original_send_task(self, name, args, kwargs, **options)
-    return _submit(self, name, args, kwargs, spec.with_call_options(call_options), options, origin)
+    spec = spec.with_call_options(call_options)
+    beat_fire = refusals.is_beat_fire(options.get("headers"), origin)
+    if beat_fire and not options.get("task_id"):
+        options["task_id"] = uuid()  # what send_task would pick: the id of a dropped fire
+    try:
+        return _submit(self, name, args, kwargs, spec, options, origin)
+    except Exception as exc:
+        refused = refusals.as_pool_error(exc, name)
+        if refused is None:
+            raise
+        if beat_fire:  # dropped with one warning; beat goes on with its other jobs
+            job = refusals.job_name(options.get("headers"), name)
+            refusals.warn_dropped(job, refusals.pool_of(refused, spec.pools), refused)
+            return self.AsyncResult(options["task_id"])
+        if refused is exc:
+            raise
+        raise refused from exc
 
 
 def _submit(
@@ -181,6 +198,7 @@ def _submit(
 
 
 def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: Origin | None) -> None:
+    refusals.check_size(message.task_name, message.body)
     headers = message.headers
     headers.pop(CLAIM_HEADER, None)
     if origin is None:

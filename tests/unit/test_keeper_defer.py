@@ -68,9 +68,7 @@ def test_defer_settle__dropped_once_the_lease_has_lapsed(
     monkeypatch.setattr(
         keeper_module.admission, "settle", lambda entry_id, *a, **k: written.append(entry_id)
     )
-    keeper.defer_settle(
-        claim(4, {"a": 1}), "succeeded", datetime.now(UTC) - timedelta(seconds=1)
-    )
+    keeper.defer_settle(claim(4, {"a": 1}), "succeeded", datetime.now(UTC) - timedelta(seconds=1))
     keeper.retry_settles()
     assert written == []
     assert "it will run again" in caplog.text
