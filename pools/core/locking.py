@@ -124,9 +124,11 @@ _PG_KINDS = {
 }
 _ADVICE = {
     "lock": "another transaction held a pool row past LOCK_TIMEOUT_SECONDS ({s:g}s); "
-    "retry, and look for a long transaction on pools_pool",
-    "statement": "a statement ran past LOCK_TIMEOUT_SECONDS ({s:g}s); "
-    "retry, or raise LOCK_TIMEOUT_SECONDS if the database is overloaded",
+    "retry, and look for a long transaction locking pools_pool rows",
+    # The statement bound also cuts lock waits (MariaDB, PostgreSQL): either may be it.
+    "statement": "a lock wait or statement passed LOCK_TIMEOUT_SECONDS ({s:g}s); retry, "
+    "look for a long transaction locking pools_pool rows, or raise LOCK_TIMEOUT_SECONDS "
+    "if the database is overloaded",
     "deadlock": "the database broke a deadlock by rolling this transaction back; retry "
     "(pools locks rows in name order: look for other code locking pools rows)",
     "connection": "the database connection failed; check that the database server "
