@@ -79,7 +79,11 @@ elif DB_KIND == "mysql":
             "PORT": os.environ.get("POOLS_MYSQL_PORT", "3306"),
             # READ COMMITTED (Django's default on MySQL, spelled out: pools.W003 checks it)
             # and utf8mb4 for task names and keys.
-            "OPTIONS": {"isolation_level": "read committed", "charset": "utf8mb4"},
+            # POOLS_MYSQL_ISOLATION only to measure another level (docs/concepts/databases.md).
+            "OPTIONS": {
+                "isolation_level": os.environ.get("POOLS_MYSQL_ISOLATION", "read committed"),
+                "charset": "utf8mb4",
+            },
             "TEST": {
                 "NAME": os.environ.get("POOLS_MYSQL_TEST_NAME", "test_pools"),
                 "CHARSET": "utf8mb4",
