@@ -67,6 +67,7 @@ test-mariadb: install
 	$(BIN)/pytest -q tests/integration/test_admission.py tests/integration/test_leases.py \
 		tests/integration/test_locking_mysql.py tests/integration/test_checks_mysql.py \
 		tests/integration/test_unavailable_reasons.py tests/integration/test_contention.py \
+		tests/unit/test_service_requirement.py \
 		$(MARIADB_ACCEPTANCE)
 
 # Debian's Chromium for the browser tests (Playwright never downloads a browser here).

@@ -62,6 +62,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if i not in deselected]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _database_server() -> None:
+    """The server of the database under test, checked before pytest-django creates the
+    test database (otherwise a missing server is a connection error, not a skip)."""
+    vendor = db_vendor()
+    if vendor == "postgresql":
+        require_service("PostgreSQL", "127.0.0.1", 5432)
+    if vendor == "mysql":
+        db = settings.DATABASES["default"]
+        require_service("MariaDB/MySQL", str(db["HOST"]), int(db["PORT"]))
+
+
 @pytest.fixture(autouse=True)
 def _services(request: pytest.FixtureRequest) -> None:
     vendor = db_vendor()
