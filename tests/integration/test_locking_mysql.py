@@ -323,3 +323,39 @@ def test_deadlock__rolls_back_the_pools_transaction_only(recorder, settings, cap
     nothing_written(events_before)
     assert recorder.keys() == []
     assert submit({"a": 1, "b": 1}, key="retried").admitted
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def test_entry_update__reads_and_writes_by_primary_key_only(recorder):
+    """Entry updates lock rows by primary key, then update by primary key only.
+
+    MariaDB may run ``UPDATE ... WHERE queue_id = A AND state = 'admitted' AND token = 1``
+    through the state index, locking other entries' index records on the way: in the
+    contention proof two workers starting two different entries deadlocked that way
+    (error 1213, InnoDB's deadlock report showed both waiting in
+    ``pools_entry_state_lease``). ``update_by_primary_key`` reads the rows with a
+    ``SELECT ... FOR UPDATE`` (a constant lookup by primary key) and the ``UPDATE``
+    names primary keys only, which the server can only read through the primary key.
+    """
+    from django.test.utils import CaptureQueriesContext
+
+    make_pool("p", 2)
+    assert submit("p", key="a").admitted and submit("p", key="b").admitted
+    a = QueueEntry.objects.get(key="a").pk
+    claim = QueueEntry.objects.filter(pk=a, state=EntryState.ADMITTED, token=1)
+    with transaction.atomic(), CaptureQueriesContext(connection) as ctx:
+        assert claim.update(worker="w1") == 1
+    select, update = (q["sql"] for q in ctx.captured_queries)
+    assert select.startswith("SELECT") and select.endswith("FOR UPDATE"), select
+    assert update.startswith("UPDATE"), update
+    where = update.split(" WHERE ", 1)[1]
+    assert where == f"`pools_queueentry`.`queue_id` IN ({a})", where
+    with connection.cursor() as cur:
+        cur.execute(f"EXPLAIN {update}")
+        columns = [c[0] for c in cur.description]
+        plan = dict(zip(columns, cur.fetchone(), strict=True))
+    assert plan["key"] == "PRIMARY", plan
+    assert QueueEntry.objects.get(pk=a).worker == "w1"
+    assert QueueEntry.objects.get(key="b").worker == ""
