@@ -71,7 +71,7 @@ def _database_server() -> None:
         require_service("PostgreSQL", "127.0.0.1", 5432)
     if vendor == "mysql":
         db = settings.DATABASES["default"]
-        require_service("MariaDB/MySQL", str(db["HOST"]), int(db["PORT"]))
+        require_service("MariaDB/MySQL", str(db["HOST"]), int(str(db["PORT"])))
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +81,7 @@ def _services(request: pytest.FixtureRequest) -> None:
         require_service("PostgreSQL", "127.0.0.1", 5432)
     if vendor == "mysql":
         db = settings.DATABASES["default"]
-        require_service("MariaDB/MySQL", str(db["HOST"]), int(db["PORT"]))
+        require_service("MariaDB/MySQL", str(db["HOST"]), int(str(db["PORT"])))
     if request.node.get_closest_marker("redis"):
         require_service("Redis", "127.0.0.1", 6379)
 

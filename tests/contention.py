@@ -116,7 +116,9 @@ class Recorder:
                 "host": d.get("HOST") or "",
                 "port": str(d.get("PORT") or ""),
             }
-            rec = cls({"kind": "mysql", "table": PG_TABLE, **{k: v for k, v in params.items() if v}})
+            rec = cls(
+                {"kind": "mysql", "table": PG_TABLE, **{k: v for k, v in params.items() if v}}
+            )
             cur = rec._mysql_con().cursor()
             cur.execute(f"DROP TABLE IF EXISTS {PG_TABLE}")
             cur.execute(

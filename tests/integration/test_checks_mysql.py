@@ -15,6 +15,7 @@ from django.db import connection, transaction
 
 from pools import checks as pool_checks
 from pools.models import QueueEntry
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -38,7 +39,7 @@ def repeatable_read() -> Iterator[None]:
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
 
-def test_checks__the_test_settings_pass():
+def test_checks__the_test_settings_pass() -> None:
     assert pool_checks.check_mysql_settings() == []
     assert pool_checks.check_mysql_database(databases=["default"]) == []
     # A database check: without databases (plain `manage.py check`) it does not query.
@@ -49,21 +50,22 @@ def test_checks__the_test_settings_pass():
     assert checks.Tags.database in pool_checks.check_mysql_database.tags  # type: ignore[attr-defined]
 
 
-def test_checks__repeatable_read_in_options_is_reported(monkeypatch):
+def test_checks__repeatable_read_in_options_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     options = {**connection.settings_dict["OPTIONS"], "isolation_level": "repeatable read"}
     monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
     (message,) = pool_checks.check_mysql_settings()
     assert message.id == "pools.W020"
-    assert "REPEATABLE READ" in message.msg and "'read committed'" in message.hint
+    assert "REPEATABLE READ" in message.msg
+    assert message.hint and "'read committed'" in message.hint
 
 
-def test_checks__repeatable_read_in_the_session_is_reported(repeatable_read):
+def test_checks__repeatable_read_in_the_session_is_reported(repeatable_read: None) -> None:
     (message,) = pool_checks.check_mysql_database(databases=["default"])
     assert message.id == "pools.W020"
     assert "session runs at REPEATABLE READ" in message.msg
 
 
-def test_checks__a_table_that_is_not_innodb_is_an_error():
+def test_checks__a_table_that_is_not_innodb_is_an_error() -> None:
     with connection.cursor() as cur:
         cur.execute("ALTER TABLE pools_workernode ENGINE=MyISAM")
     try:
@@ -97,7 +99,9 @@ def _admit_elsewhere(key: str) -> None:
 @pytest.mark.parametrize(
     ("level", "oversubscribed"), [("READ COMMITTED", False), ("REPEATABLE READ", True)]
 )
-def test_isolation__enqueue_after_a_read_in_the_same_transaction(recorder, level, oversubscribed):
+def test_isolation__enqueue_after_a_read_in_the_same_transaction(
+    recorder: RecordingBridge, level: str, oversubscribed: bool
+) -> None:
     """A caller reads, another process takes the last slot, then the caller enqueues.
 
     READ COMMITTED: the held slots are read after the pool lock, so the entry waits.

@@ -21,10 +21,12 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from pytest_django import Settings
 
 from pools.core import admission, locking
 from pools.exceptions import PoolUnavailable
 from pools.models import Demand, EntryState, PoolEvent, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -92,13 +94,14 @@ def lock_waits() -> int:
         probe.close()
 
 
+def is_mariadb() -> bool:
+    """MariaDB (``max_statement_time``), not MySQL (``max_execution_time``)."""
+    return bool(getattr(connection, "mysql_is_mariadb", False))
+
+
 def session_timeouts() -> tuple[int, float]:
     """``innodb_lock_wait_timeout`` and the statement bound of Django's session."""
-    column = (
-        "@@SESSION.max_statement_time"
-        if connection.mysql_is_mariadb
-        else "@@SESSION.max_execution_time"
-    )
+    column = "@@SESSION.max_statement_time" if is_mariadb() else "@@SESSION.max_execution_time"
     with connection.cursor() as cur:
         cur.execute(f"SELECT @@SESSION.innodb_lock_wait_timeout, {column}")
         lock_wait, statement = cur.fetchone()
@@ -106,7 +109,7 @@ def session_timeouts() -> tuple[int, float]:
 
 
 def set_session_timeouts(lock_wait: int, statement: float) -> None:
-    column = "max_statement_time" if connection.mysql_is_mariadb else "max_execution_time"
+    column = "max_statement_time" if is_mariadb() else "max_execution_time"
     with connection.cursor() as cur:
         cur.execute(
             f"SET SESSION innodb_lock_wait_timeout = %s, SESSION {column} = %s",
@@ -159,7 +162,9 @@ def nothing_written(events_before: int) -> None:
 # --------------------------------------------------------------------------- blocking
 
 
-def test_held_pool_lock__blocks_enqueue_until_released(recorder, settings):
+def test_held_pool_lock__blocks_enqueue_until_released(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=60)
     make_pool("p", 1)
     with pool_rows_locked("p") as locker:
@@ -173,7 +178,9 @@ def test_held_pool_lock__blocks_enqueue_until_released(recorder, settings):
     assert recorder.keys() == ["blocked"]
 
 
-def test_multi_pool_enqueue__waits_for_every_pool_it_names(recorder, settings):
+def test_multi_pool_enqueue__waits_for_every_pool_it_names(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=60)
     make_pool("a", 1)
     make_pool("b", 1)
@@ -191,8 +198,8 @@ def test_multi_pool_enqueue__waits_for_every_pool_it_names(recorder, settings):
 
 
 def test_lock_timeout__enqueue_raises_one_line_pool_unavailable_and_writes_nothing(
-    recorder, settings, caplog
-):
+    recorder: RecordingBridge, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
     make_pool("p", 2)
     events_before = PoolEvent.objects.count()
@@ -218,7 +225,9 @@ def test_lock_timeout__enqueue_raises_one_line_pool_unavailable_and_writes_nothi
     assert submit("p", key="after").admitted  # the connection is usable again
 
 
-def test_lock_timeout__settle_raises_and_the_claim_is_still_held(recorder, settings):
+def test_lock_timeout__settle_raises_and_the_claim_is_still_held(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="next")
@@ -234,7 +243,9 @@ def test_lock_timeout__settle_raises_and_the_claim_is_still_held(recorder, setti
     assert recorder.keys() == ["run", "next"]
 
 
-def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(recorder, settings):
+def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
     make_pool("p", 1)
     make_pool("other", 1)
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
@@ -247,14 +258,16 @@ def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(recorder,
     assert not QueueEntry.objects.filter(key="timed-out").exists()
 
 
-def test_bound__is_set_during_the_pools_transaction_only(recorder, settings):
+def test_bound__is_set_during_the_pools_transaction_only(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
     """The session's own timeouts are back after a pools operation, refused or not."""
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=2.5)
     make_pool("p", 1)
     set_session_timeouts(17, 9)
     with locking.locked_pools(["p"]):
         inside = session_timeouts()
-    statement = 2.5 if connection.mysql_is_mariadb else 2500
+    statement = 2.5 if is_mariadb() else 2500
     assert inside == (3, statement), "lock wait rounded up to whole seconds"
     assert session_timeouts() == (17, 9)
     assert submit("p", key="a").admitted
@@ -270,7 +283,7 @@ def test_bound__is_set_during_the_pools_transaction_only(recorder, settings):
     set_session_timeouts(50, 0)
 
 
-def test_bound__nested_pools_transactions_restore_once():
+def test_bound__nested_pools_transactions_restore_once() -> None:
     set_session_timeouts(21, 0)
     with locking.bounded("outer"):
         outer = session_timeouts()
@@ -285,7 +298,9 @@ def test_bound__nested_pools_transactions_restore_once():
 # --------------------------------------------------------------------------- deadlock
 
 
-def test_deadlock__rolls_back_the_pools_transaction_only(recorder, settings, caplog):
+def test_deadlock__rolls_back_the_pools_transaction_only(
+    recorder: RecordingBridge, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     """Another transaction locks b then a while enqueue holds a and waits for b.
 
     InnoDB breaks the cycle by rolling back the lighter transaction: the other one has
@@ -328,7 +343,7 @@ def test_deadlock__rolls_back_the_pools_transaction_only(recorder, settings, cap
 # --------------------------------------------------------------------------- plans
 
 
-def test_entry_update__reads_and_writes_by_primary_key_only(recorder):
+def test_entry_update__reads_and_writes_by_primary_key_only(recorder: RecordingBridge) -> None:
     """Entry updates lock rows by primary key, then update by primary key only.
 
     MariaDB may run ``UPDATE ... WHERE queue_id = A AND state = 'admitted' AND token = 1``

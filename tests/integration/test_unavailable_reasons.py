@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from pytest_django import Settings
 
 from pools.core import locking
 from pools.exceptions import PoolUnavailable
 from pools.models import QueueEntry
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -34,7 +36,9 @@ MULTI_LINE_ERROR = {
 }
 
 
-def test_unavailable_on_error__a_multi_line_driver_error_becomes_one_line(caplog):
+def test_unavailable_on_error__a_multi_line_driver_error_becomes_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with caplog.at_level(logging.WARNING, logger="pools.locking"):
         with pytest.raises(PoolUnavailable) as caught, locking.unavailable_on_error("probing"):
             with connection.cursor() as cursor:
@@ -53,8 +57,8 @@ def test_unavailable_on_error__a_multi_line_driver_error_becomes_one_line(caplog
 
 @pytest.mark.postgres
 def test_lock_timeout__postgres_reason_is_one_line_on_both_paths(
-    recorder, settings, admission_path
-):
+    recorder: RecordingBridge, settings: Settings, admission_path: str
+) -> None:
     from tests.integration.test_locking import pool_row_locked
 
     settings.POOLS = {**settings.POOLS, "LOCK_TIMEOUT_SECONDS": 0.5}
@@ -71,7 +75,9 @@ def test_lock_timeout__postgres_reason_is_one_line_on_both_paths(
 
 
 @pytest.mark.mysql
-def test_connection_lost__reason_says_to_check_the_server(recorder, settings):
+def test_connection_lost__reason_says_to_check_the_server(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
     """The server ends the session (``KILL``): the next operation says what to check."""
     make_pool("p", 1)
     with connection.cursor() as cursor:

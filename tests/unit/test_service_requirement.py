@@ -44,7 +44,7 @@ def _run(ci: bool) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("ci", [False, True])
-def test_missing_mariadb__skips_locally_and_fails_under_ci(ci):
+def test_missing_mariadb__skips_locally_and_fails_under_ci(ci: bool) -> None:
     pytest.importorskip("MySQLdb")
     run = _run(ci)
     out = run.stdout + run.stderr
