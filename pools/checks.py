@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
-from django.db import connections
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError, connections
 
 from pools.exceptions import PoolConfigurationError
 from pools.specs import PoolSpec
@@ -140,3 +140,76 @@ def _db_reuse_max(app: Celery | None) -> object:
     # No app to ask: Celery's setting as the Django settings hold it (not a POOLS key, so
     # not in pools.conf).
     return getattr(settings, "CELERY_DB_REUSE_MAX", None)
+
+
+# --------------------------------------------------------------------------- MySQL / MariaDB
+
+#: Isolation levels under which admission is correct and does not block on gap locks.
+MYSQL_ISOLATION_OK = {"read committed"}
+
+
+def _mysql_isolation_message(level: str, where: str) -> CheckMessage:
+    return Warning(
+        f"MySQL/MariaDB {where} runs at {level.upper()}: pools wants READ COMMITTED. "
+        "Under REPEATABLE READ an enqueue inside a transaction that already read may "
+        "count held slots from an old snapshot, and InnoDB gap locks make unrelated "
+        "pools block (and deadlock) each other.",
+        id="pools.W020",
+        hint="Set DATABASES['default']['OPTIONS']['isolation_level'] = 'read committed' "
+        "(Django's default on MySQL) and do not override it in init_command.",
+    )
+
+
+@register(deploy=False)
+def check_mysql_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """MySQL/MariaDB: the configured isolation level (no database access)."""
+    db = connections["default"]
+    if db.vendor != "mysql":
+        return []
+    # Django applies READ COMMITTED when the option is not set.
+    level = str((db.settings_dict.get("OPTIONS") or {}).get("isolation_level") or "read committed")
+    if level.lower() not in MYSQL_ISOLATION_OK:
+        return [_mysql_isolation_message(level, "(OPTIONS['isolation_level'])")]
+    return []
+
+
+@register(Tags.database)
+def check_mysql_database(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """MySQL/MariaDB, on the server: InnoDB tables and the session's isolation level.
+
+    A database check: runs with ``manage.py check --database default`` and ``migrate``.
+    """
+    if not databases or "default" not in databases:
+        return []
+    db = connections["default"]
+    if db.vendor != "mysql":
+        return []
+    messages: list[CheckMessage] = []
+    with db.cursor() as cursor:
+        cursor.execute(
+            "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'pools\\_%' "
+            "AND TABLE_TYPE = 'BASE TABLE' ORDER BY TABLE_NAME"
+        )
+        not_innodb = [(t, e) for t, e in cursor.fetchall() if str(e).lower() != "innodb"]
+        try:  # MySQL 8 / MariaDB >= 11.1; older MariaDB only has tx_isolation
+            cursor.execute("SELECT @@SESSION.transaction_isolation")
+        except DatabaseError:
+            cursor.execute("SELECT @@SESSION.tx_isolation")
+        (level,) = cursor.fetchone()
+    if not_innodb:
+        listed = ", ".join(f"{t} ({e})" for t, e in not_innodb)
+        messages.append(
+            Error(
+                f"pools tables must use InnoDB (row locks, transactions): {listed}.",
+                id="pools.E020",
+                hint="ALTER TABLE <table> ENGINE=InnoDB for each, and set "
+                "default_storage_engine=InnoDB on the server.",
+            )
+        )
+    level = str(level).replace("-", " ").lower()
+    if level not in MYSQL_ISOLATION_OK:
+        messages.append(_mysql_isolation_message(level, "session"))
+    return messages

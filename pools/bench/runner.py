@@ -265,7 +265,7 @@ def _meta(ctx: Context) -> dict[str, Any]:
     db = connection.settings_dict
     version = str(
         backlog.scalar(
-            "SELECT version()" if connection.vendor == "postgresql" else "SELECT sqlite_version()"
+            "SELECT sqlite_version()" if connection.vendor == "sqlite" else "SELECT version()"
         )
         or ""
     )

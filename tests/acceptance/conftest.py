@@ -2,8 +2,8 @@
 
 The ``celery_workers`` fixture is a factory: ``celery_workers(count=2, concurrency=4)``
 starts that many workers and returns their handles once each answers a ping. Every
-worker reads the database the test is using (``POOLS_PG_NAME`` is the test database's
-name) and the broker/result backend of the test process. The broker's Redis database
+worker reads the database the test is using (``POOLS_PG_NAME`` / ``POOLS_MYSQL_NAME`` is
+the test database's name) and the broker/result backend of the test process. The broker's Redis database
 is flushed before the first worker starts, so messages left by an earlier run cannot
 leak in. On teardown each worker gets SIGTERM (warm shutdown), then its whole process
 group SIGKILL after a timeout: no worker outlives its test. A line logged at ERROR or
@@ -41,10 +41,11 @@ LOG_TAIL = 300
 #: A worker log line at ERROR or CRITICAL level (e.g. a settle that raised).
 ERROR_LINE = re.compile(r"^\[[^\]]*: (ERROR|CRITICAL)/")
 
-#: ``pytestmark`` of the test modules that start workers: real PostgreSQL and Redis, and
-#: transactional tests, so that the worker processes see what the test wrote.
+#: ``pytestmark`` of the test modules that start workers: a real database server
+#: (PostgreSQL or MariaDB/MySQL) and Redis, and transactional tests, so that the worker
+#: processes see what the test wrote.
 WORKER_TEST_MARKS = [
-    pytest.mark.postgres,
+    pytest.mark.server_db,
     pytest.mark.redis,
     pytest.mark.acceptance,
     pytest.mark.django_db(transaction=True),
@@ -112,16 +113,18 @@ def _flush_broker(url: str) -> None:
 
 def _worker_env() -> dict[str, str]:
     db = connection.settings_dict
-    if not db["ENGINE"].endswith("postgresql"):
-        pytest.fail("acceptance workers need the PostgreSQL test database (POOLS_TEST_DB=postgres)")
+    if connection.vendor not in {"postgresql", "mysql"}:
+        pytest.fail("acceptance workers need a database server (POOLS_TEST_DB=postgres or mysql)")
     env = dict(os.environ)
     env.update(
         {
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
-            "POOLS_TEST_DB": "postgres",
+            "PYTHONUNBUFFERED": "1",
+            "POOLS_TEST_DB": "postgres" if connection.vendor == "postgresql" else "mysql",
             # The database the test is using right now (pytest-django's test database).
             "POOLS_PG_NAME": db["NAME"],
+            "POOLS_MYSQL_NAME": db["NAME"],
             "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
             "CELERY_RESULT_BACKEND": settings.CELERY_RESULT_BACKEND,
         }
