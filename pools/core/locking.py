@@ -192,7 +192,7 @@ def unavailable(what: str, exc: BaseException) -> PoolUnavailable:
     kind, message = describe(exc)
     advice = _ADVICE.get(kind, "see the pools.locking log for the database's detail")
     text = advice.format(s=conf.get().LOCK_TIMEOUT_SECONDS)
-    logger.warning("pool state is unavailable (%s): %s", what, str(exc).strip() or repr(exc))
+    logger.info("pool state is unavailable (%s): %s", what, str(exc).strip() or repr(exc))
     return PoolUnavailable(_first_line(f"pool state is unavailable ({what}): {message}; {text}"))
 
 

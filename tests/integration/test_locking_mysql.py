@@ -203,7 +203,7 @@ def test_lock_timeout__enqueue_raises_one_line_pool_unavailable_and_writes_nothi
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
     make_pool("p", 2)
     events_before = PoolEvent.objects.count()
-    with pool_rows_locked("p"), caplog.at_level(logging.WARNING, logger="pools.locking"):
+    with pool_rows_locked("p"), caplog.at_level(logging.INFO, logger="pools.locking"):
         began = time.monotonic()
         with pytest.raises(PoolUnavailable, match=TIMED_OUT) as caught:
             submit("p", key="timed-out")
@@ -322,7 +322,7 @@ def test_deadlock__rolls_back_the_pools_transaction_only(
         cur.executemany("INSERT INTO heavy VALUES (%s)", [(i,) for i in range(200)])
         job = InThread(lambda: submit({"a": 1, "b": 1}, key="victim"))
         wait_for(lambda: lock_waits() == 1, 10, "enqueue to hold a and wait for b")
-        with caplog.at_level(logging.WARNING, logger="pools.locking"):
+        with caplog.at_level(logging.INFO, logger="pools.locking"):
             cur.execute("SELECT id FROM pools_pool WHERE name = 'a' FOR UPDATE")  # the cycle
             assert job.done.wait(10)
         with pytest.raises(PoolUnavailable, match="Deadlock") as caught:

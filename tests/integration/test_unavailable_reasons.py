@@ -39,7 +39,7 @@ MULTI_LINE_ERROR = {
 def test_unavailable_on_error__a_multi_line_driver_error_becomes_one_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="pools.locking"):
+    with caplog.at_level(logging.INFO, logger="pools.locking"):
         with pytest.raises(PoolUnavailable) as caught, locking.unavailable_on_error("probing"):
             with connection.cursor() as cursor:
                 cursor.execute(MULTI_LINE_ERROR[connection.vendor])
