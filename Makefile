@@ -67,8 +67,9 @@ mysql-client:
 
 # MariaDB/MySQL (127.0.0.1:3306, root; POOLS_MYSQL_* to change) on the ORM path, with real
 # Celery prefork workers on Redis (db 12/13): the admission and locking integration tests,
-# the 8-process contention proof with its sabotage self-test, and the core acceptance
-# tests (priority order, never oversubscribed, SIGKILL recovery, canvas). ~3-4 min.
+# the 8-process contention proof (600 entries, to stay near 3 min) with its sabotage
+# self-test, and the core acceptance tests (priority order, never oversubscribed,
+# SIGKILL recovery, canvas, duplicate deliveries). ~3 min.
 MARIADB_ACCEPTANCE := tests/acceptance/test_gate_workers.py tests/acceptance/test_canvas.py \
 	"tests/acceptance/test_faults.py::test_faults__sigkilled_worker_claims_return_through_the_beat_sweep" \
 	tests/acceptance/test_worker_gate.py

@@ -374,3 +374,25 @@ def test_entry_update__reads_and_writes_by_primary_key_only(recorder: RecordingB
     assert plan["key"] == "PRIMARY", plan
     assert QueueEntry.objects.get(pk=a).worker == "w1"
     assert QueueEntry.objects.get(key="b").worker == ""
+
+
+def test_line_query__is_served_by_the_line_index(recorder: RecordingBridge) -> None:
+    """The head of a 2,000-entry line is read through ``pools_demand_line``, no filesort
+    (MariaDB >= 10.8 keeps the index's ``priority DESC``)."""
+    from tests.integration.test_locking import bulk_waiting
+
+    make_pool("p", 1)
+    submit("p", key="run")
+    bulk_waiting("p", 2000)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE TABLE pools_demand")
+    pool_id = QueueEntry.objects.get(key="run").demands.get().pool_id
+    query = Demand.objects.line(pool_id).select_related("entry")[:1]
+    with connection.cursor() as cur:
+        sql, params = query.query.sql_with_params()
+        cur.execute(f"EXPLAIN {sql}", params)
+        columns = [c[0] for c in cur.description]
+        plan = [dict(zip(columns, row, strict=True)) for row in cur.fetchall()]
+    demand = next(p for p in plan if p["table"] == "pools_demand")
+    assert demand["key"] == "pools_demand_line", plan
+    assert "filesort" not in str(demand["Extra"]).lower(), plan
