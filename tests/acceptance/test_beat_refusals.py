@@ -33,12 +33,12 @@ WARNING = re.compile(
 def test_beat__refused_fires_are_dropped_with_one_warning_each_and_beat_goes_on(
     short_leases, celery_workers, celery_beat
 ):
+    celery_workers(count=1, concurrency=1)  # first: a worker start syncs POOLS definitions
     # Paused with one waiting entry and max_queued=1: full for the whole test.
     make_pool("warehouse", 1, max_queued=1, paused=True)
     submit("warehouse", key="waiting")
     every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.SECONDS)
     PeriodicTask.objects.create(name="refused job", task=add.name, interval=every, args="[1, 2]")
-    celery_workers(count=1, concurrency=1)
     beat = celery_beat()
 
     def fires() -> int:
