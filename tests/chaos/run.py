@@ -397,13 +397,21 @@ def inject(run: Run, fault: Fault, resume_at: list[tuple[float, int]]) -> None:
         subprocess.run(redis_start(port), check=True, capture_output=True)
         _wait(lambda: _redis_up(port), 20, "Redis to start")
     elif fault.kind == "cancel_burst":
+        from django.db import DatabaseError, connection
+
         import pools
         from pools.exceptions import PoolError
         from pools.models import EntryState, QueueEntry
 
-        waiting = sorted(
-            QueueEntry.objects.filter(state=EntryState.WAITING).values_list("key", flat=True)
-        )
+        def waiting_keys() -> list[str]:
+            query = QueueEntry.objects.filter(state=EntryState.WAITING)
+            return sorted(query.values_list("key", flat=True))
+
+        try:
+            waiting = waiting_keys()
+        except DatabaseError:  # this process's connection died in a PostgreSQL restart
+            connection.close()
+            waiting = waiting_keys()
         picked = run.rng.sample(waiting, min(20, len(waiting)))
         for key in picked:
             try:
