@@ -50,7 +50,7 @@ test-rabbitmq: install services
 # (SIGKILL, SIGSTOP past the lease, PostgreSQL restart, Redis restart, cancel bursts); it
 # restarts the servers, so it runs alone (~3 min). Soak: python -m tests.chaos.run --help.
 test-chaos: install services
-	$(BIN)/pytest -q -s tests/chaos
+	POOLS_TEST_DB=postgres $(BIN)/pytest -q -s tests/chaos
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # mysqlclient (the `mysql` extra) compiles against the MariaDB/MySQL client library:
