@@ -86,6 +86,15 @@ class Pool(models.Model):
         help_text=_("A paused pool admits nothing; entries keep their place."),
     )
     description = models.TextField(_("description"), blank=True)
+    #: Slots held by this pool's admitted and running entries: changed only under this
+    #: row's lock, by admission (+) and settle / requeue (-); the sweep checks it against
+    #: the holders (:func:`pools.core.sweeps.check_held`).
+    held = models.PositiveIntegerField(
+        _("held"),
+        default=0,
+        editable=False,
+        help_text=_("Slots held by admitted and running entries (kept by admission)."),
+    )
     #: When the first delayed entry (``not_before`` ahead) of this pool is due, or earlier:
     #: admission passes look for due entries only once it has passed (no query otherwise).
     next_due_at = models.DateTimeField(_("next due at"), null=True, blank=True, editable=False)

@@ -44,14 +44,14 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     worker = worker[:255]
     if fastpath.enabled():
         reply = fastpath.call(
-            "pools_start_v3",
+            "pools_start_v4",
             [entry_id, token, worker, now, lease, fastpath.listening()],
             what="starting a claim",
         )
         row = reply.first("started")
         if row is None or row.at is None:
             return None
-        events.announce(reply.events)
+        events.announce(reply.events, committed=reply.committed)
         return Claim(
             entry_id=entry_id, token=token, demand=dict(row.demand or {}), lease_expires_at=row.at
         )
@@ -63,7 +63,7 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
         if not changed:
             return None
         entry = QueueEntry.objects.only("key", "token", "demand").get(pk=entry_id)
-        events.record(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
+        events.transition(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
     return Claim(entry_id=entry_id, token=token, demand=entry.demand, lease_expires_at=until)
 
 
