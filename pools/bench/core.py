@@ -16,9 +16,9 @@ pool sustains on one PostgreSQL.
 Printed as JSON, per ``N``: admissions/s (median of the repetitions, min and max), the
 time each locking call (enqueue, settle) took as seen by its caller, p50 / p99 — an upper
 bound of the time the pool's row lock was held per admission, which is at most that of
-one call — and, measured with ``N = 1`` only so nothing else runs: WAL bytes per task
-(``pg_current_wal_lsn``) and CPU ms per task of the client and of its PostgreSQL backend
-(``/proc``). The pool and its entries are deleted at the end.
+one call — WAL bytes per task (of this database only when the ``pg_walinspect``
+extension is installed in it, see :func:`pools.bench.backlog.wal_bytes_since`) and CPU ms
+per task of the client processes and of their PostgreSQL backends (``/proc``). The pool and its entries are deleted at the end.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def _worker(cycles: int, own: bool, barrier: Any, out: Any) -> None:
     from pools.pg import fastpath
     from pools.specs import PoolSpec
 
-    fastpath.use_own_connection(own)
+    if own:
+        fastpath.use_own_connection()
     spec = PoolSpec.build(POOL, 1)
     lock_calls: list[float] = []
     backend = fastpath.own_backend_pid() if own else _backend_pid()
@@ -137,12 +138,6 @@ def _reset() -> None:
         cursor.execute("CHECKPOINT")
 
 
-def _wal() -> int:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
-        return int(cursor.fetchone()[0])
 
 
 def run_once(procs: int, cycles: int, own: bool = True) -> dict[str, Any]:
@@ -161,7 +156,9 @@ def run_once(procs: int, cycles: int, own: bool = True) -> dict[str, Any]:
     children = [ctx.Process(target=_worker, args=(each, own, barrier, out)) for _ in range(procs)]
     for child in children:
         child.start()
-    wal0 = _wal()
+    from pools.bench import backlog
+
+    wal0 = backlog.wal_position()
     connections.close_all()
     barrier.wait()
     t0 = time.perf_counter()
@@ -169,7 +166,7 @@ def run_once(procs: int, cycles: int, own: bool = True) -> dict[str, Any]:
     elapsed = time.perf_counter() - t0
     for child in children:
         child.join()
-    wal = _wal() - wal0
+    wal = backlog.wal_bytes_since(wal0) or 0.0
     total = each * procs
     done = QueueEntry.objects.filter(demand__has_key=POOL, state=EntryState.SUCCEEDED).count()
     if done != total:
