@@ -240,7 +240,7 @@ def kill_test(ctx: Context, redis_url: str) -> dict[str, Any]:
         zip(pooled_next + recipe_next, _ordered(ctx, pooled_next + recipe_next, spans), strict=True)
     )
     pooled_back = []
-    for holder, nxt in zip( pooled_holders, pooled_next, strict=True):
+    for holder, nxt in zip(pooled_holders, pooled_next, strict=True):
         restarted = (  # the entry carries its last start: that of the new attempt
             QueueEntry.objects.filter(key=holder, token__gt=1)
             .values_list("started_at", flat=True)

@@ -138,8 +138,6 @@ def _reset() -> None:
         cursor.execute("CHECKPOINT")
 
 
-
-
 def run_once(procs: int, cycles: int, own: bool = True) -> dict[str, Any]:
     """One repetition with ``procs`` processes and ``cycles`` tasks in all."""
     from django.db import connections

@@ -703,7 +703,8 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
     """Expire waiting entries whose deadline has passed (sweep); returns how many."""
     rows = list(
         QueueEntry.objects.waiting()
-        .filter(deadline__lte=now)  # past its deadline: deadline <= now, as in the pass
+        # past its deadline: deadline <= now, as in the pass (unfinished: the index's rows)
+        .filter(deadline__lte=now, finished_at__isnull=True)
         .order_by("deadline")
         .values_list("queue_id", "demand")[:limit]
     )

@@ -385,7 +385,8 @@ def _plan_without_seqscan(queryset: Any) -> str:
 
 
 def test_partial_indexes__serve_the_queries_that_use_them(recorder):
-    """Each partial index's condition is implied by the queries it is for (migration 0003).
+    """Each partial index's condition is implied by the queries it is for (migrations 0003,
+    0008).
 
     The conditions keep index entries (and WAL) out of most row versions: a waiting entry
     has no lease, a running one no finish time. A query whose filter did not imply the
@@ -394,14 +395,16 @@ def test_partial_indexes__serve_the_queries_that_use_them(recorder):
     now = timezone.now()
     held = QueueEntry.objects.held()
     cases = {
-        "pools_entry_state_lease": [
+        "pools_entry_lease": [
             held.filter(lease_expires_at__lt=now),  # lapsed leases (sweeps.reclaim)
             held.filter(lease_expires_at__lt=now).order_by("lease_expires_at")[:1],
         ],
-        "pools_entry_state_deadline": [
-            QueueEntry.objects.waiting().filter(deadline__lt=now).order_by("deadline")[:500]
+        "pools_entry_deadline": [  # admission.expire_due
+            QueueEntry.objects.waiting()
+            .filter(deadline__lte=now, finished_at__isnull=True)
+            .order_by("deadline")[:500]
         ],
-        "pools_entry_state_finished": [
+        "pools_entry_finished": [  # sweeps.prune
             QueueEntry.objects.filter(state__in=["succeeded", "failed"], finished_at__lt=now)
         ],
         "pools_entry_root": [QueueEntry.objects.filter(root_id="a-workflow-root")],

@@ -22,7 +22,10 @@
 -- * the slots held in a pool are a counter on its row (pools_pool.held), changed under
 --   the pool's row lock by admission (+) and settle (-) and checked against the holders
 --   by the sweep, instead of a SUM over the demand rows of every admission pass;
--- * every function takes p_lock_ms (see above).
+-- * every function takes p_lock_ms (see above);
+-- * start keeps a lease that has at least two thirds of LEASE_SECONDS left (else it
+--   renews it): with the entry indexes of migration 0008, which do not name state, a
+--   start is then a HOT update.
 
 -- One output row. Kinds and their columns:
 --   refused   o_pool, o_reason ('unknown' | 'capacity' | 'full'), o_asked, o_limit
@@ -217,9 +220,14 @@ DECLARE
     v_worker text := left(p_worker, 255);
 BEGIN
     PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
+    -- The lease is renewed only when less than two thirds of it are left (the lease keeper
+    -- renews every third): otherwise the start changes no indexed column (a HOT update).
     UPDATE pools_queueentry e
        SET state = 'running', started_at = p_now, worker = v_worker,
-           lease_expires_at = p_now + make_interval(secs => p_lease)
+           lease_expires_at = CASE
+               WHEN e.lease_expires_at >= p_now + make_interval(secs => p_lease * 2 / 3)
+               THEN e.lease_expires_at
+               ELSE p_now + make_interval(secs => p_lease) END
      WHERE e.queue_id = p_entry AND e.token = p_token AND e.state = 'admitted'
     RETURNING e.demand, e.lease_expires_at, e.key::text INTO v_demand, v_until, v_key;
     IF NOT FOUND THEN
