@@ -105,7 +105,7 @@ def test_own_connection__lock_timeout_is_pool_unavailable_and_changes_nothing(
     locker = psycopg.connect(**params)
     try:
         locker.execute("SELECT 1 FROM pools_pool WHERE name = 'p' FOR UPDATE")
-        with pytest.raises(PoolUnavailable, match="lock timeout|statement timeout"):
+        with pytest.raises(PoolUnavailable, match=r"lock timeout|statement timeout"):
             admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
     finally:
         locker.rollback()
