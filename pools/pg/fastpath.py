@@ -225,13 +225,23 @@ def close_own_connection() -> None:
             pass
 
 
+# A forked child must neither use nor close (PQfinish would end the parent's session on
+# the shared socket) a connection it inherited: the parent closes its own before forking
+# (Celery's prefork pool forks from the thread that uses it) and reopens it when needed.
+_inherited: list[Any] = []
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=lambda: close_own_connection())
+
+
 def _connect() -> Any:
     """This thread's own connection, opened (or reopened after a fork or an error) if needed."""
     conn = _own.conn
     if conn is not None and (_own.pid != os.getpid() or conn.closed or conn.broken):
         if _own.pid == os.getpid():
             close_own_connection()
-        conn = _own.conn = None  # a parent's connection is never used after a fork
+        else:  # inherited through a fork: never used, never finalized (see above)
+            _inherited.append(conn)
+        conn = _own.conn = None
     if conn is None:
         import psycopg
 

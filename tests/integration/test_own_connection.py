@@ -128,3 +128,26 @@ def test_own_connection__one_per_thread(recorder, own):
         t.join()
     assert len(set(pids)) == 2
     assert fastpath.own_backend_pid() not in pids
+
+
+def test_own_connection__a_forked_child_opens_its_own(recorder, own):
+    import os
+
+    parent = fastpath.own_backend_pid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a connection of its own, never the parent's
+        try:
+            os.write(write, str(fastpath.own_backend_pid()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = int(os.read(read, 32) or b"0")
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert child and child != parent
+    # The parent's session is intact (closed before the fork, reopened on use).
+    make_pool("p", 1)
+    assert submit("p", key="after-fork").admitted
+    adm = recorder.admissions[0]
+    assert leases.start(adm.entry_id, adm.token, worker="w") is not None
