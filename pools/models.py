@@ -95,6 +95,9 @@ class Pool(models.Model):
         editable=False,
         help_text=_("Slots held by admitted and running entries (kept by admission)."),
     )
+    #: Admissions made in this pool so far (under its row lock): the source of
+    #: :attr:`QueueEntry.admission_seq`.
+    admissions = models.PositiveBigIntegerField(_("admissions"), default=0, editable=False)
     #: When the first delayed entry (``not_before`` ahead) of this pool is due, or earlier:
     #: admission passes look for due entries only once it has passed (no query otherwise).
     next_due_at = models.DateTimeField(_("next due at"), null=True, blank=True, editable=False)
@@ -150,6 +153,10 @@ class QueueEntry(models.Model):
     attempt = models.PositiveIntegerField(_("attempt"), default=0, help_text=_("Celery retries."))
     reason = models.CharField(_("reason"), max_length=255, blank=True)
     admitted_at = models.DateTimeField(_("admitted at"), null=True, blank=True)
+    #: The order of its (last) admission in its first pool by name: that pool's
+    #: ``admissions`` count after it. ``admitted_at`` is the admitting call's clock, read
+    #: before it waited for the lock, so it does not order admissions of concurrent calls.
+    admission_seq = models.PositiveBigIntegerField(_("admission order"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 

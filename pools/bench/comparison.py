@@ -67,23 +67,20 @@ def recipe_order(spans: list[dict[str, Any]], prio: dict[int, int], mark: int) -
 def pools_order(pool: str, keys: list[str]) -> dict[str, Any]:
     """``(priority, queued, acquired)`` of each pooled task, in the order of admission.
 
-    Admissions of one pool are serialized by its row lock, and the entries one pass admits
-    share its time and are taken in line order (priority, then enqueue time and id): the
-    entries ordered by ``admitted_at`` and then line order give the order in which they
-    took their slots, free of the clock and pickup jitter of the bodies' start times (the
-    pass's clock is read under the pool's lock). The priority is the entry's own. Every
-    entry counts as queued before the first admission (the backlog is in line before the
-    pool is released).
+    Admissions of one pool are serialized by its row lock, which counts them: each entry's
+    ``admission_seq`` is its place in that count, the order in which entries took their
+    slots, free of the clock and pickup jitter of the bodies' start times. The priority is
+    the entry's own. Every entry counts as queued before the first admission (the backlog
+    is in line before the pool is released).
     """
     rows = list(
-        QueueEntry.objects.filter(key__in=keys, admitted_at__isnull=False)
-        .order_by("admitted_at", "-priority", "enqueued_at", "queue_id")
-        .values_list("key", "priority", "enqueued_at")
+        QueueEntry.objects.filter(key__in=keys, admission_seq__isnull=False)
+        .order_by("admission_seq")
+        .values_list("priority", flat=True)
     )
-    # One pass admits in line order at one time: the rank in this order is the order in
-    # which the entries took their slots. Every entry was queued before the release.
-    items = [(prio, -1.0, float(rank)) for rank, (_, prio, _) in enumerate(rows)]
-    return {"items": items, "source": "admission order (admitted_at, then line order)"}
+    # Every entry was in line before the pool was released.
+    items = [(prio, -1.0, float(rank)) for rank, prio in enumerate(rows)]
+    return {"items": items, "source": "admission order (admission_seq)"}
 
 
 def w5_recipe(ctx: Context, redis_url: str) -> dict[str, Any]:

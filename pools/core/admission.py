@@ -95,27 +95,49 @@ def _held_by_pool(pools: dict[int, Pool]) -> dict[int, int]:
     return {pid: pool.held for pid, pool in pools.items()}
 
 
-def _change_held(pools: dict[str, Pool], entries: Iterable[QueueEntry], sign: int) -> None:
+def _change_held(
+    pools: dict[str, Pool], entries: Iterable[QueueEntry], sign: int, *, admitted: bool = False
+) -> dict[int, int]:
     """Add (``sign`` +1) or release (-1) the entries' slots in the locked pools' counters.
 
     One UPDATE, in the transaction that changes the holders, with the row locks held; the
     in-memory rows follow, so a pass later in the same transaction reads the new value.
+    With ``admitted=True`` the entries were just admitted, in this order: each pool's
+    ``admissions`` count goes up by its entries, and the result maps each entry id to its
+    ``admission_seq`` (the count of its first pool by name after it).
     """
     changes: dict[str, int] = {}
+    counted: dict[str, int] = {}
+    seq: dict[int, int] = {}
     for entry in entries:
-        for name, slots in entry.demand.items():
-            if name in pools:
-                changes[name] = changes.get(name, 0) + sign * slots
-    changes = {name: n for name, n in changes.items() if n}
-    if not changes:
-        return
-    delta = Case(
-        *(When(pk=pools[name].pk, then=Value(n)) for name, n in changes.items()),
-        default=Value(0),
-    )
-    Pool.objects.filter(pk__in=[pools[name].pk for name in changes]).update(held=F("held") + delta)
-    for name, n in changes.items():
-        pools[name].held += n
+        for name in sorted(entry.demand):
+            if name not in pools:
+                continue
+            changes[name] = changes.get(name, 0) + sign * entry.demand[name]
+            if admitted:
+                counted[name] = counted.get(name, 0) + 1
+                seq.setdefault(entry.queue_id, pools[name].admissions + counted[name])
+    changed = {name for name, n in changes.items() if n} | set(counted)
+    if not changed:
+        return seq
+    ids = {name: pools[name].pk for name in changed}
+    update: dict[str, Any] = {
+        "held": F("held")
+        + Case(
+            *(When(pk=ids[name], then=Value(changes.get(name, 0))) for name in changed),
+            default=Value(0),
+        )
+    }
+    if counted:
+        update["admissions"] = F("admissions") + Case(
+            *(When(pk=ids[name], then=Value(n)) for name, n in counted.items()),
+            default=Value(0),
+        )
+    Pool.objects.filter(pk__in=list(ids.values())).update(**update)
+    for name in changed:
+        pools[name].held += changes.get(name, 0)
+        pools[name].admissions += counted.get(name, 0)
+    return seq
 
 
 # --------------------------------------------------------------------------- admission pass
@@ -302,17 +324,18 @@ def _mark_admitted(
     entries: list[QueueEntry], pools: dict[str, Pool], now: datetime, lease_until: datetime
 ) -> None:
     ids = [e.queue_id for e in entries]
+    seq = _change_held(pools, entries, +1, admitted=True)
     changed = QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING).update(
         state=EntryState.ADMITTED,
         token=F("token") + 1,
         admitted_at=now,
         lease_expires_at=lease_until,
         worker="",
+        admission_seq=Case(*(When(pk=pk, then=Value(n)) for pk, n in seq.items())),
     )
     if changed != len(ids):  # pragma: no cover - would mean the lock order was broken
         raise RuntimeError(f"admission raced: {changed} of {len(ids)} entries changed under lock")
     Demand.objects.filter(entry_id__in=ids).update(state=EntryState.ADMITTED)
-    _change_held(pools, entries, +1)
     for e in entries:
         e.token += 1
         e.state = EntryState.ADMITTED

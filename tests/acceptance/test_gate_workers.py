@@ -106,12 +106,11 @@ def test_workers__three_slot_pool_admits_by_priority_and_never_overlaps(celery_w
     assert states == {EntryState.SUCCEEDED: TASKS}
     assert snapshot(ACCEPT_POOL).held == 0
 
-    # (d) admission order follows (-priority, enqueued_at, queue_id). The entries carry
-    # their admission time (no event rows): passes are ordered by it; within one pass
-    # (one time) the line order is the pass's own, proved by the differential test.
+    # (d) admission order follows (-priority, enqueued_at, queue_id): the pool counts its
+    # admissions under its lock and each entry keeps its place (admission_seq).
     admitted = list(
-        QueueEntry.objects.filter(task_name=span.name, admitted_at__isnull=False)
-        .order_by("admitted_at", "-priority", "enqueued_at", "queue_id")
+        QueueEntry.objects.filter(task_name=span.name, admission_seq__isnull=False)
+        .order_by("admission_seq")
         .values_list("queue_id", flat=True)
     )
     expected = list(

@@ -123,6 +123,7 @@ def snapshot() -> dict[str, Any]:
                 "reason": e.reason,
                 "attempt": e.attempt,
                 "admitted_at": e.admitted_at,
+                "admission_seq": e.admission_seq,
                 "started_at": e.started_at,
                 "finished_at": e.finished_at,
                 "args": e.args,

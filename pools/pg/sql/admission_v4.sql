@@ -21,7 +21,10 @@
 --   transition and pool (o_event NULL), so the caller sends the lifecycle signals;
 -- * the slots held in a pool are a counter on its row (pools_pool.held), changed under
 --   the pool's row lock by admission (+) and settle (-) and checked against the holders
---   by the sweep, instead of a SUM over the demand rows of every admission pass;
+--   by the sweep, instead of a SUM over the demand rows of every admission pass; with it
+--   the pool counts its admissions (pools_pool.admissions), and an admitted entry keeps
+--   its place in that count (admission_seq): the order of admissions, which admitted_at
+--   (the caller's clock, read before the lock) does not give for concurrent calls;
 -- * every function takes p_lock_ms (see above);
 -- * start keeps a lease that has at least two thirds of LEASE_SECONDS left (else it
 --   renews it): with the entry indexes of migration 0008, which do not name state, a
@@ -68,10 +71,12 @@ DECLARE
     a record;
     v_free bigint;
     v_taken bigint;
+    v_seq bigint;
     v_next timestamptz;
     v_until timestamptz := p_now + make_interval(secs => p_lease);
 BEGIN
-    FOR r IN SELECT p.id, p.name, p.slots, p.held, p.paused, p.next_due_at FROM pools_pool p
+    FOR r IN SELECT p.id, p.name, p.slots, p.held, p.admissions, p.paused, p.next_due_at
+               FROM pools_pool p
              WHERE p.id = ANY(p_pools) ORDER BY p.name LOOP
         v_next := r.next_due_at;
         -- Due delayed entries join the line as if sent at their due time. Pools whose
@@ -106,6 +111,7 @@ BEGIN
         -- Slots held in this pool (sabotage marker for tests/contention.py: keep this line).
         v_free := r.slots - r.held;
         v_taken := 0;
+        v_seq := r.admissions;
         WHILE v_free > 0 LOOP
             SELECT d.entry_id, d.slots, e.demand, e.deadline INTO h
               FROM pools_demand d JOIN pools_queueentry e ON e.queue_id = d.entry_id
@@ -121,7 +127,7 @@ BEGIN
             EXIT WHEN h.slots > v_free;  -- the head waits for all its slots: no backfill
             UPDATE pools_queueentry e
                SET state = 'admitted', token = e.token + 1, admitted_at = p_now,
-                   lease_expires_at = v_until, worker = ''
+                   lease_expires_at = v_until, worker = '', admission_seq = v_seq + 1
              WHERE e.queue_id = h.entry_id AND e.state = 'waiting'
             RETURNING e.queue_id, e.key::text AS key, e.token, e.task_name::text AS task,
                       e.args, e.kwargs, e.options
@@ -141,9 +147,11 @@ BEGIN
               WHERE p_events;
             v_free := v_free - h.slots;
             v_taken := v_taken + h.slots;
+            v_seq := v_seq + 1;
         END LOOP;
         IF v_taken > 0 THEN
-            UPDATE pools_pool p SET held = p.held + v_taken WHERE p.id = r.id;
+            UPDATE pools_pool p SET held = p.held + v_taken, admissions = v_seq
+             WHERE p.id = r.id;
         END IF;
     END LOOP;
 END
