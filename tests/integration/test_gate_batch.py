@@ -72,18 +72,24 @@ def test_publish__one_pass_one_round_trip(broker):
 
 
 def test_publish__a_failed_batch_requeues_every_entry_of_it(broker):
-    if not _is_redis():
-        pytest.skip("the batch path runs on Redis (CELERY_BROKER_URL)")
-    from kombu.transport.redis import PublishBatch
-
+    """On Redis the pipeline's round trip fails; elsewhere each publish fails."""
     _three_waiting()
 
-    def boom(self):
+    def boom(*args, **kwargs):
         raise ConnectionError("broker gone")
 
-    with mock.patch.object(PublishBatch, "flush", boom):
+    if _is_redis():
+        from kombu.transport.redis import PublishBatch
+
+        failing = mock.patch.object(PublishBatch, "flush", boom)
+    else:
+        from kombu import Producer
+
+        failing = mock.patch.object(Producer, "publish", boom)
+    with failing:
         admission.admit([POOL])
     entries = QueueEntry.objects.filter(demand__has_key=POOL)
     assert {e.state for e in entries} == {EntryState.WAITING}
     assert all(e.reason.startswith("publish failed") for e in entries)
     assert Pool.objects.get(name=POOL).held == 0
+    assert broker.drain() == []
