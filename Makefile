@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo test test-sqlite test-postgres test-browser test-peer peer-full browsers lint docs services clean
+.PHONY: install demo test test-sqlite test-postgres test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client lint docs services clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | mysql-client
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test,lint,docs,demo,bench,browser,peer]"
+	$(BIN)/python -m pip install -q -e ".[test,lint,docs,demo,bench,browser,peer,mysql]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -23,7 +23,7 @@ services:
 lint: install
 	$(BIN)/ruff check pools pools_admin tests example_project
 	$(BIN)/ruff format --check pools pools_admin
-	$(BIN)/mypy pools pools_admin
+	$(BIN)/mypy pools pools_admin tests
 	PYTHONPATH=. DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/django-admin makemigrations --check --dry-run pools
 
 docs: install
@@ -39,9 +39,51 @@ test-postgres: install services
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
 	$(BIN)/pytest -q tests/integration tests/acceptance --ignore tests/acceptance/test_demo.py
 
+# The acceptance tier again with RabbitMQ as the broker (guest/guest; results on Redis).
+test-rabbitmq: install services
+	POOLS_TEST_DB=postgres CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// \
+	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
+	$(BIN)/pytest -q tests/acceptance --ignore tests/acceptance/test_demo.py \
+		--ignore tests/acceptance/test_bench_smoke.py
+
+# Chaos: 2,000 pooled tasks through 3 pools on 3 prefork workers + beat while 20 faults hit
+# (SIGKILL, SIGSTOP past the lease, PostgreSQL restart, Redis restart, cancel bursts); it
+# restarts the servers, so it runs alone (~3 min). Soak: python -m tests.chaos.run --help.
+test-chaos: install services
+	$(BIN)/pytest -q -s tests/chaos
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# mysqlclient (the `mysql` extra) compiles against the MariaDB/MySQL client library:
+# pkg-config and libmariadb-dev(-compat) are installed with apt when missing; still
+# missing afterwards is an error (install your platform's MySQL client headers).
+MYSQL_PC := pkg-config --exists mysqlclient || pkg-config --exists libmariadb
+mysql-client:
+	@($(MYSQL_PC)) 2>/dev/null || ( command -v apt-get >/dev/null && \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
+		-y -qq pkg-config libmariadb-dev libmariadb-dev-compat ) || true
+	@($(MYSQL_PC)) 2>/dev/null || (echo "the MySQL client library is missing: apt-get install \
+		pkg-config libmariadb-dev libmariadb-dev-compat (or your platform's MySQL client \
+		headers) so that pip can build mysqlclient" && exit 1)
+
+# MariaDB/MySQL (127.0.0.1:3306, root; POOLS_MYSQL_* to change) on the ORM path, with real
+# Celery prefork workers on Redis (db 12/13): the admission and locking integration tests,
+# the 8-process contention proof with its sabotage self-test, and the core acceptance
+# tests (priority order, never oversubscribed, SIGKILL recovery, canvas). ~3-4 min.
+MARIADB_ACCEPTANCE := tests/acceptance/test_gate_workers.py tests/acceptance/test_canvas.py \
+	"tests/acceptance/test_faults.py::test_faults__sigkilled_worker_claims_return_through_the_beat_sweep" \
+	tests/acceptance/test_worker_gate.py
+test-mariadb: install
+	@bash scripts/services.sh mariadb
+	POOLS_TEST_DB=mysql CELERY_BROKER_URL=redis://127.0.0.1:6379/12 \
+	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/13 POOLS_CONTENTION_ENTRIES=600 \
+	$(BIN)/pytest -q tests/integration/test_admission.py tests/integration/test_leases.py \
+		tests/integration/test_locking_mysql.py tests/integration/test_checks_mysql.py \
+		tests/integration/test_unavailable_reasons.py tests/integration/test_contention.py \
+		tests/unit/test_service_requirement.py \
+		$(MARIADB_ACCEPTANCE)
+
 # Debian's Chromium for the browser tests (Playwright never downloads a browser here).
 # Installed with apt when missing; still missing afterwards is an error, not a skip.
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browsers:
 	@test -x /usr/bin/chromium || ($(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver)
@@ -62,7 +104,7 @@ test-peer: install services
 peer-full: install services
 	$(BIN)/python -m tests.peer.run
 
-test: browsers lint docs test-sqlite test-postgres test-browser test-peer
+test: browsers lint docs test-sqlite test-postgres test-mariadb test-rabbitmq test-chaos test-browser test-peer
 
 clean:
 	rm -rf $(VENV) .site .pytest_cache

@@ -15,7 +15,6 @@ import argparse
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -29,14 +28,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
 
+from pools.celery import processes  # noqa: E402  (imports neither Django nor Celery)
+
 USERNAME = PASSWORD = "demo"
 CONCURRENCY = 4  # prefork processes of the demo worker
-# Embedded celery-beat (--beat) runs the pools sweep, the safety net for lapsed leases.
-WORKER_ARGV = (
-    f"-m celery -A example_project worker --pool=prefork --concurrency={CONCURRENCY} "
-    "--hostname=demo@%h --loglevel=INFO --beat --without-gossip --without-mingle "
-    "--without-heartbeat"
-).split()
+#: A warm shutdown may take this long before the worker's process group is killed.
+STOP_TIMEOUT = 20.0
 TICK = 0.5  # seconds between two live summaries
 TERMINAL = ("succeeded", "failed", "cancelled", "expired", "rejected", "superseded", "retried")
 
@@ -65,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.conf import settings
 
     var = Path(settings.VAR_DIR)
-    children: list[subprocess.Popen] = []
+    children: list[processes.Process] = []
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     try:
@@ -74,13 +71,18 @@ def main(argv: list[str] | None = None) -> int:
             f"Database: {describe_db(settings)}   Broker: {settings.CELERY_BROKER_URL}   "
             f"Results: {settings.CELERY_RESULT_BACKEND}"
         )
-        children.append(start("worker", var, WORKER_ARGV))
-        wait_for_worker(var / "worker.log", children[0])
+        children.append(start_worker(var))
+        wait_for_worker(children[0])
         admin_url = None
         if not args.no_serve:
             port = free_port(8000)
             children.append(
-                start("server", var, ["manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"])
+                processes.start_process(
+                    [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                    log=var / "server.log",
+                    name="server",
+                    cwd=HERE,
+                )
             )
             wait_for_port(port)
             admin_url = f"http://127.0.0.1:{port}/admin/"
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print("Docs:     docs/ in the repository (make docs builds them into .site/)")
         print(f"Logs:     {var / 'worker.log'}, {var / 'server.log'}")
         print("The worker and the server keep running; press Ctrl-C to stop them.")
-        while all(child.poll() is None for child in children):
+        while all(child.alive() for child in children):
             time.sleep(0.5)
         print("A child process exited unexpectedly; see the logs above.", file=sys.stderr)
         return 1
@@ -136,37 +138,33 @@ def describe_db(settings: object) -> str:
     return f"{db['ENGINE'].rsplit('.', 1)[-1]} {db.get('NAME')}"
 
 
-def start(name: str, var: Path, argv: list[str]) -> subprocess.Popen:
-    """Start a child in its own session (so Ctrl-C reaches only us), output to var/<name>.log."""
-    with open(var / f"{name}.log", "w") as log:  # the child keeps its own copy of the file
-        return subprocess.Popen(
-            [sys.executable, *argv],
-            cwd=HERE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+def start_worker(var: Path) -> processes.Process:
+    """The demo's prefork worker, in its own session (Ctrl-C reaches only us), log in var/.
+
+    Embedded celery-beat (``beat=True``) runs the pools sweep, the safety net for lapsed
+    leases.
+    """
+    return processes.start_worker(
+        "example_project",
+        node="demo",
+        log=var / "worker.log",
+        concurrency=CONCURRENCY,
+        loglevel="INFO",
+        heartbeat=False,
+        beat=True,
+        cwd=HERE,
+    )
 
 
-def stop(children: list[subprocess.Popen]) -> None:
+def stop(children: list[processes.Process]) -> None:
     """SIGTERM each child (Celery does a warm shutdown), then SIGKILL what is left."""
 
     def force(signum: int, frame: object) -> None:  # a second Ctrl-C does not wait
-        for child in children:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
+        processes.kill(children)
 
     signal.signal(signal.SIGINT, force)
     signal.signal(signal.SIGTERM, force)
-    for child in children:
-        if child.poll() is None:
-            child.terminate()
-    for child in children:
-        try:
-            child.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)  # the worker and its pool processes
-            child.wait()
+    processes.stop(children, STOP_TIMEOUT)
 
 
 def free_port(preferred: int) -> int:
@@ -191,17 +189,16 @@ def wait_for_port(port: int, timeout: float = 20) -> None:
     raise RuntimeError(f"the development server did not start on port {port}")
 
 
-def wait_for_worker(log: Path, worker: subprocess.Popen, timeout: float = 60) -> None:
+def wait_for_worker(worker: processes.Process, timeout: float = 60) -> None:
     """Wait until the worker logs that it is ready, so the burst starts running at once."""
     started = time.monotonic()
-    while " ready." not in log.read_text(errors="replace"):
-        if worker.poll() is not None:
-            raise RuntimeError(f"the Celery worker exited (code {worker.returncode}); see {log}")
-        if time.monotonic() - started > timeout:
-            raise RuntimeError(f"the Celery worker did not start in {timeout:.0f} s; see {log}")
-        time.sleep(0.2)
+    # The readiness marker in its log (INFO level): no broker round trip needed.
+    try:
+        processes.wait_ready([worker], timeout=timeout)
+    except processes.ProcessStartError as exc:
+        raise RuntimeError(f"the Celery worker did not start: {exc}") from None
     print(
-        f"Worker:   {CONCURRENCY} prefork processes ready in {time.monotonic() - started:.1f} s  (log: {log})"
+        f"Worker:   {CONCURRENCY} prefork processes ready in {time.monotonic() - started:.1f} s  (log: {worker.log})"
     )
 
 

@@ -5,13 +5,15 @@ Import-safe: nothing here touches models or the database at import time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from pools.exceptions import (
     DemandExceedsCapacity,
     EntryNotFound,
     JobNotFound,
     LeaseLost,
+    MessageTooLarge,
     NotCancellable,
     PoolConfigurationError,
     PoolDefinedInSettings,
@@ -23,11 +25,15 @@ from pools.exceptions import (
     PoolUnavailable,
     QueueTimeout,
     UnknownPool,
+    UnserializableArguments,
 )
 
 if TYPE_CHECKING:
     from pools.core.leases import Claim
+    from pools.core.snapshots import PoolSnapshot
     from pools.models import QueueEntry
+
+T = TypeVar("T")
 
 __version__ = "0.1.0"
 
@@ -36,6 +42,7 @@ __all__ = [
     "EntryNotFound",
     "JobNotFound",
     "LeaseLost",
+    "MessageTooLarge",
     "NotCancellable",
     "PoolConfigurationError",
     "PoolDefinedInSettings",
@@ -47,6 +54,7 @@ __all__ = [
     "PoolUnavailable",
     "QueueTimeout",
     "UnknownPool",
+    "UnserializableArguments",
     "__version__",
     "cancel",
     "current_claim",
@@ -55,11 +63,21 @@ __all__ = [
 ]
 
 
-def pooled(*args: Any, **kwargs: Any) -> Any:
-    """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`."""
+def pooled(
+    pools: str | Mapping[str, int],
+    slots: int = 1,
+    *,
+    priority: int = 0,
+    queue_timeout: float | None = None,
+) -> Callable[[T], T]:
+    """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`.
+
+    ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
+    ``@pooled({"warehouse": 1, "partner-api": 1})``; arguments are checked at once.
+    """
     from pools.celery.decorators import pooled as _pooled
 
-    return _pooled(*args, **kwargs)
+    return _pooled(pools, slots, priority=priority, queue_timeout=queue_timeout)
 
 
 def cancel(key: str, *, terminate: bool = False) -> QueueEntry:
@@ -76,7 +94,7 @@ def current_claim() -> Claim | None:
     return worker.current_claim()
 
 
-def snapshot(name: str) -> Any:
+def snapshot(name: str) -> PoolSnapshot:
     """A point-in-time view of pool ``name``; see :func:`pools.core.snapshots.snapshot`."""
     from pools.core import snapshots
 

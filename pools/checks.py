@@ -1,14 +1,20 @@
-"""Django system checks for pool configuration (ids ``pools.E001``...)."""
+"""Django system checks for pool configuration (ids ``pools.E001``...) and the Celery side (``pools.W002``, ``pools.W003``)."""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from django.core.checks import CheckMessage, Error, Warning, register
-from django.db import connections
+from django.apps import apps
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError, connections
 
 from pools.exceptions import PoolConfigurationError
 from pools.specs import PoolSpec
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 
 @register()
@@ -64,3 +70,146 @@ def check_database(
             )
         ]
     return []
+
+
+@register()
+def check_celery_integration(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """What the Celery side needs: a scheduled sweep and kept worker database connections."""
+    app = _celery_app()
+    warnings: list[CheckMessage] = []
+    if not apps.is_installed("django_celery_beat") and not _sweep_in_beat_schedule(app):
+        warnings.append(
+            Warning(
+                "'django_celery_beat' is not in INSTALLED_APPS, so the pools sweep "
+                "('pools.sweep') is never scheduled: slots held by a worker that was killed "
+                "are not given back when its lease lapses, queue_timeout deadlines do not "
+                "expire waiting entries, and old entries and events are never pruned.",
+                id="pools.W002",
+                hint="Add 'django_celery_beat' to INSTALLED_APPS, run migrate (it registers "
+                "the periodic task 'pools: sweep') and run celery beat with "
+                "'-S django_celery_beat.schedulers:DatabaseScheduler'; or schedule the task "
+                "'pools.sweep' every POOLS['SWEEP_SECONDS'] in your own beat_schedule.",
+            )
+        )
+    if not _db_reuse_max(app):
+        where = f"the Celery app {app.main!r}" if app is not None else "the Django settings"
+        warnings.append(
+            Warning(
+                f"CELERY_DB_REUSE_MAX is not set ({where}): Celery's Django fix-up closes the "
+                "database connection before and after every task, so each pooled task opens "
+                "new connections to start and settle its claim (a few milliseconds each on "
+                "PostgreSQL, more with TLS or a remote server, and a connection storm under "
+                "load).",
+                id="pools.W003",
+                hint="Set CELERY_DB_REUSE_MAX = 1000 in the Django settings (read by "
+                "app.config_from_object('django.conf:settings', namespace='CELERY')) to keep "
+                "a worker process's connection for about 1000 tasks.",
+            )
+        )
+    return warnings
+
+
+def _celery_app() -> Celery | None:
+    """The project's Celery app, if one was created (``proj/celery.py``), else ``None``.
+
+    ``celery.current_app`` would make up an unconfigured default app when there is none,
+    so the current and default apps are read from Celery's state without creating one.
+    """
+    state: Any = importlib.import_module("celery._state")  # private: not in celery-types
+    app: Celery | None = getattr(state._tls, "current_app", None) or state.default_app
+    return app
+
+
+def _sweep_in_beat_schedule(app: Celery | None) -> bool:
+    """True if the app's own ``beat_schedule`` runs ``pools.sweep``."""
+    if app is None:
+        return False
+    schedule = app.conf.get("beat_schedule") or {}
+    return any(
+        isinstance(entry, dict) and entry.get("task") == "pools.sweep"
+        for entry in schedule.values()
+    )
+
+
+def _db_reuse_max(app: Celery | None) -> object:
+    """``CELERY_DB_REUSE_MAX`` as Celery's Django fix-up reads it (``None`` when unset)."""
+    if app is not None:
+        # The exact key DjangoWorkerFixup reads: a lowercase app.conf.db_reuse_max is
+        # not seen by it (the namespace loader maps CELERY_DB_REUSE_MAX to both).
+        return app.conf.get("CELERY_DB_REUSE_MAX")
+    # No app to ask: Celery's setting as the Django settings hold it (not a POOLS key, so
+    # not in pools.conf).
+    return getattr(settings, "CELERY_DB_REUSE_MAX", None)
+
+
+# --------------------------------------------------------------------------- MySQL / MariaDB
+
+#: Isolation levels under which admission is correct and does not block on gap locks.
+MYSQL_ISOLATION_OK = {"read committed"}
+
+
+def _mysql_isolation_message(level: str, where: str) -> CheckMessage:
+    return Warning(
+        f"MySQL/MariaDB {where} runs at {level.upper()}: pools wants READ COMMITTED. "
+        "Under REPEATABLE READ an enqueue inside a transaction that already read may "
+        "count held slots from an old snapshot, and InnoDB gap locks make unrelated "
+        "pools block (and deadlock) each other.",
+        id="pools.W020",
+        hint="Set DATABASES['default']['OPTIONS']['isolation_level'] = 'read committed' "
+        "(Django's default on MySQL) and do not override it in init_command.",
+    )
+
+
+@register(deploy=False)
+def check_mysql_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """MySQL/MariaDB: the configured isolation level (no database access)."""
+    db = connections["default"]
+    if db.vendor != "mysql":
+        return []
+    # Django applies READ COMMITTED when the option is not set.
+    level = str((db.settings_dict.get("OPTIONS") or {}).get("isolation_level") or "read committed")
+    if level.lower() not in MYSQL_ISOLATION_OK:
+        return [_mysql_isolation_message(level, "(OPTIONS['isolation_level'])")]
+    return []
+
+
+@register(Tags.database)
+def check_mysql_database(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """MySQL/MariaDB, on the server: InnoDB tables and the session's isolation level.
+
+    A database check: runs with ``manage.py check --database default`` and ``migrate``.
+    """
+    if not databases or "default" not in databases:
+        return []
+    db = connections["default"]
+    if db.vendor != "mysql":
+        return []
+    messages: list[CheckMessage] = []
+    with db.cursor() as cursor:
+        cursor.execute(
+            "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'pools\\_%' "
+            "AND TABLE_TYPE = 'BASE TABLE' ORDER BY TABLE_NAME"
+        )
+        not_innodb = [(t, e) for t, e in cursor.fetchall() if str(e).lower() != "innodb"]
+        try:  # MySQL 8 / MariaDB >= 11.1; older MariaDB only has tx_isolation
+            cursor.execute("SELECT @@SESSION.transaction_isolation")
+        except DatabaseError:
+            cursor.execute("SELECT @@SESSION.tx_isolation")
+        (level,) = cursor.fetchone()
+    if not_innodb:
+        listed = ", ".join(f"{t} ({e})" for t, e in not_innodb)
+        messages.append(
+            Error(
+                f"pools tables must use InnoDB (row locks, transactions): {listed}.",
+                id="pools.E020",
+                hint="ALTER TABLE <table> ENGINE=InnoDB for each, and set "
+                "default_storage_engine=InnoDB on the server.",
+            )
+        )
+    level = str(level).replace("-", " ").lower()
+    if level not in MYSQL_ISOLATION_OK:
+        messages.append(_mysql_isolation_message(level, "session"))
+    return messages

@@ -44,6 +44,9 @@ class PoolsSettings:
     #: On PostgreSQL, settle+admit and start run as one stored-function call each (one round
     #: trip, locks held for microseconds). ``False`` uses the portable ORM path everywhere.
     SQL_FAST_PATH: bool = True
+    #: Largest message body (bytes, serialized and compressed as Celery would publish it) a
+    #: pooled call may hold in the database; a larger call raises ``MessageTooLarge``.
+    MAX_MESSAGE_BYTES: int = 1_048_576
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -61,6 +64,7 @@ _POSITIVE_NUMBERS = {
     "NODE_TIMEOUT_SECONDS",
 }
 _BOOLEANS = {"SQL_FAST_PATH"}
+_POSITIVE_INTEGERS = {"MAX_MESSAGE_BYTES"}
 _KNOWN = {f.name for f in fields(PoolsSettings)}
 _cached: PoolsSettings | None = None
 
@@ -91,6 +95,13 @@ def _load() -> PoolsSettings:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise PoolConfigurationError(
                     f"settings.POOLS[{key!r}] must be a positive number of seconds, got {value!r}."
+                )
+    for key in _POSITIVE_INTEGERS:
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PoolConfigurationError(
+                    f"settings.POOLS[{key!r}] must be a positive integer (bytes), got {value!r}."
                 )
     for key in _BOOLEANS:
         if key in raw and not isinstance(raw[key], bool):

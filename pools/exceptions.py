@@ -130,6 +130,40 @@ class PoolDefinedInSettings(PoolRefused):
         )
 
 
+class UnserializableArguments(PoolRefused):
+    """The call's arguments cannot be serialized for the broker, so nothing can be held.
+
+    Raised by the gate as a subclass that is also kombu's ``EncodeError`` (what plain Celery
+    raises), so existing ``except EncodeError`` handlers keep working.
+    """
+
+    code = "unserializable_arguments"
+
+    def __init__(self, task: str, reason: str) -> None:
+        self.task = task
+        super().__init__(
+            f"The arguments of {task} cannot be serialized ({reason}). Pass plain data (numbers, "
+            f"strings, lists, dicts) such as ids rather than objects, or configure a serializer "
+            f"that accepts them (task_serializer / accept_content)."
+        )
+
+
+class MessageTooLarge(PoolRefused):
+    """The call's message is larger than ``POOLS['MAX_MESSAGE_BYTES']`` allows to hold."""
+
+    code = "message_too_large"
+
+    def __init__(self, task: str, size: int, limit: int) -> None:
+        self.task = task
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"The message of {task} is {size} bytes, above POOLS['MAX_MESSAGE_BYTES'] ({limit}): "
+            f"pooled calls are held in the database until admitted. Pass a reference (an id, a "
+            f"file path, an object-store key) instead of the data, or raise MAX_MESSAGE_BYTES."
+        )
+
+
 class PoolUnavailable(PoolError):
     """Pool state could not be read or written (database error or lock timeout)."""
 

@@ -17,6 +17,17 @@ _HELD = ("admitted", "running")
 class QueueEntryQuerySet(models.QuerySet[Any]):
     """Queries over queue entries."""
 
+    def update(self, **kwargs: Any) -> int:
+        """On MySQL/MariaDB, update by primary key after locking the rows by primary key
+        (:func:`pools.core.locking.update_by_primary_key`: avoids index-scan deadlocks)."""
+        from django.db import connections
+
+        if connections[self.db].vendor == "mysql":
+            from pools.core import locking
+
+            return locking.update_by_primary_key(self, **kwargs)
+        return super().update(**kwargs)
+
     def waiting(self) -> QueueEntryQuerySet:
         """Entries in line for admission."""
         return self.filter(state="waiting")

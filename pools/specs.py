@@ -85,6 +85,23 @@ class PoolSpec:
     #: Seconds an entry may wait for admission before it expires; ``None`` waits forever.
     queue_timeout: float | None = None
 
+    def __post_init__(self) -> None:
+        """Check a spec however it was made (``build``, ``replace`` or by hand).
+
+        Nothing reaches admission with a bad name, non-positive or non-integer slots, or a
+        demand out of lock order.
+        """
+        if not isinstance(self.demand, Mapping) or not self.demand:
+            raise PoolConfigurationError(
+                f"A pool demand must be a non-empty {{pool: slots}} dict, got {self.demand!r}."
+            )
+        for name, slots in self.demand.items():
+            validate_slots(slots, what=f"slots for pool {validate_pool_name(name)!r}")
+        _validate_priority(self.priority)
+        _validate_timeout(self.queue_timeout)
+        if list(self.demand) != sorted(self.demand) or not isinstance(self.demand, dict):
+            object.__setattr__(self, "demand", dict(sorted(self.demand.items())))
+
     @classmethod
     def build(
         cls,

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import path, re_path
 
 from pools.api import views
 
 app_name = "pools"
 
+#: A key is a Celery task id, which may hold any character ("/" and newlines too).
+KEY = r"(?P<key>[\s\S]+)"
+
 urlpatterns = [
     path("pools/", views.PoolListView.as_view(), name="pool-list"),
     path("pools/<str:name>/", views.PoolDetailView.as_view(), name="pool-detail"),
     path("pools/<str:name>/entries/", views.PoolEntriesView.as_view(), name="pool-entries"),
-    path(
-        "pools/<str:name>/queue/<str:key>/cancel",
+    re_path(
+        rf"^pools/(?P<name>[^/]+)/queue/{KEY}/cancel\Z",
         views.CancelView.as_view(),
         name="entry-cancel",
     ),
-    path("entries/<str:key>/", views.EntryDetailView.as_view(), name="entry-detail"),
+    re_path(rf"^entries/{KEY}/\Z", views.EntryDetailView.as_view(), name="entry-detail"),
     path("jobs/<str:name>/start", views.JobStartView.as_view(), name="job-start"),
 ]

@@ -8,14 +8,15 @@ and adds "Run now" to django-celery-beat's ``PeriodicTask`` admin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import update_wrapper
 from typing import Any
 
 from django.contrib import admin, messages
 from django.db import DatabaseError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path, reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.urls import URLPattern, path, re_path, reverse
 from django.utils.html import format_html
 
 from pools.core import admission, definitions
@@ -25,7 +26,7 @@ from pools.querysets import held_slots_expr, waiting_count_expr
 from pools_admin import views, why
 
 
-def _mount(model_admin: admin.ModelAdmin[Any], view: Any) -> Any:
+def _mount(model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponse]) -> Any:
     """``view(request, model_admin, ...)`` as an admin view of ``model_admin``'s site."""
 
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -36,7 +37,7 @@ def _mount(model_admin: admin.ModelAdmin[Any], view: Any) -> Any:
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class PoolAdmin(admin.ModelAdmin):
     list_display = (
         "name",
         "capacity",
@@ -53,11 +54,12 @@ class PoolAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Pool]:
         # Held and waiting as correlated subqueries: one query for the whole list.
-        return (
+        queryset: QuerySet[Pool] = (
             super()
             .get_queryset(request)
             .annotate(held_slots=held_slots_expr(), waiting_count=waiting_count_expr())
         )
+        return queryset
 
     @admin.display(description="capacity", ordering="slots")
     def capacity(self, obj: Pool) -> int:
@@ -136,7 +138,7 @@ class PoolFilter(admin.SimpleListFilter):
 
 
 @admin.register(QueueEntry)
-class QueueEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class QueueEntryAdmin(admin.ModelAdmin):
     list_display = (
         "queue_id",
         "task_name",
@@ -189,6 +191,10 @@ class QueueEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        if request.method == "POST":
+            # Read-only: saving the form would write the whole row outside the service
+            # functions (over whatever a worker changed meanwhile). Use the actions.
+            return HttpResponseNotAllowed(["GET", "HEAD"])
         context: dict[str, Any] = {
             "show_save": False,
             "show_save_and_continue": False,
@@ -257,14 +263,17 @@ class QueueEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
             path("card/cancel/", _mount(self, views.card_cancel), name=f"{info}_card_cancel"),
-            path("run/<str:root_id>/", _mount(self, views.run_panel), name=f"{info}_run"),
+            # A root id is a Celery task id, which may hold any character ("/", newlines).
+            re_path(
+                r"^run/(?P<root_id>[\s\S]+)/\Z", _mount(self, views.run_panel), name=f"{info}_run"
+            ),
             path("<int:queue_id>/panel/", _mount(self, views.entry_panel), name=f"{info}_panel"),
             *super().get_urls(),
         ]
 
 
 @admin.register(PoolEvent)
-class PoolEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class PoolEventAdmin(admin.ModelAdmin):
     list_display = ("id", "at", "kind", "pool", "entry_id", "token")
     list_filter = ("kind", "pool")
     search_fields = ("key",)
@@ -277,7 +286,7 @@ class PoolEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(WorkerNode)
-class WorkerNodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WorkerNodeAdmin(admin.ModelAdmin):
     list_display = ("hostname", "pid", "started_at", "last_seen")
 
 
@@ -296,7 +305,7 @@ def run_now(
         modeladmin.message_user(request, text, level)
 
 
-def _has_start_job_permission(self: admin.ModelAdmin, request: HttpRequest) -> bool:  # type: ignore[type-arg]
+def _has_start_job_permission(self: admin.ModelAdmin, request: HttpRequest) -> bool:
     """``pools.start_job`` (the REST API's) or the change permission on periodic tasks."""
     return bool(request.user.has_perm("pools.start_job") or self.has_change_permission(request))
 

@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from pools.core import admission
+from pools.core import admission, reads
 from pools.exceptions import EntryNotFound, PoolRefused, PoolUnavailable
 from pools.models import Pool, QueueEntry
 from pools_admin import board, runs, timeline
@@ -60,7 +60,8 @@ def card_context(request: HttpRequest) -> dict[str, Any]:
     error = None
     rows: list[board.PoolRow] = []
     try:
-        rows = board.load()
+        with reads.bounded_read("admin card"):  # a locked table: the condition, at the bound
+            rows = board.load()
     except (PoolUnavailable, DatabaseError) as exc:
         logger.warning("pools card: %s: %s", UNAVAILABLE, exc)
         error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 
 from pools.core.records import Admission, Finished
 
@@ -14,7 +15,7 @@ class RecordingBridge:
         self.admissions: list[Admission] = []
         self.finished: list[Finished] = []
         self.terminated: list[str] = []
-        self.wakes: list = []
+        self.wakes: list[tuple[list[str], datetime]] = []
 
     def publish(self, admissions: Sequence[Admission]) -> None:
         self.admissions.extend(admissions)
@@ -22,7 +23,7 @@ class RecordingBridge:
     def report_finished(self, finished: Sequence[Finished]) -> None:
         self.finished.extend(finished)
 
-    def wake_at(self, pools, when) -> None:
+    def wake_at(self, pools: Iterable[str], when: datetime) -> None:
         self.wakes.append((list(pools), when))
 
     def terminate(self, key: str) -> None:

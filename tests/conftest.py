@@ -1,14 +1,23 @@
-"""Shared fixtures. Services (PostgreSQL, Redis): skipped locally when missing, failed under CI."""
+"""Shared fixtures. Services (PostgreSQL, MariaDB/MySQL, Redis): skipped locally when missing,
+failed under CI.
+
+Markers pick the database a test needs; a test whose database is not the one under test
+is deselected (not skipped, not failed): ``postgres`` (PostgreSQL only: stored functions,
+``pg_*`` views), ``mysql`` (MariaDB/MySQL only), ``server_db`` (a database server,
+PostgreSQL or MariaDB/MySQL: real worker processes share it).
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.conf import settings
+from pytest_django import Settings
+
+from tests.bridge import RecordingBridge
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -32,32 +41,61 @@ def require_service(name: str, host: str, port: int) -> None:
     pytest.skip(message)
 
 
+def db_vendor() -> str:
+    """``postgresql``, ``mysql`` or ``sqlite``: the database the suite runs on."""
+    return (
+        str(settings.DATABASES["default"]["ENGINE"]).rsplit(".", 1)[-1].replace("sqlite3", "sqlite")
+    )
+
+
+def _runs_here(item: pytest.Item, vendor: str) -> bool:
+    if item.get_closest_marker("postgres") and vendor != "postgresql":
+        return False
+    if item.get_closest_marker("mysql") and vendor != "mysql":
+        return False
+    return not (item.get_closest_marker("server_db") and vendor == "sqlite")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    on_postgres = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
-    deselected = [i for i in items if i.get_closest_marker("postgres") and not on_postgres]
+    vendor = db_vendor()
+    deselected = [i for i in items if not _runs_here(i, vendor)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [i for i in items if i not in deselected]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _database_server() -> None:
+    """The server of the database under test, checked before pytest-django creates the
+    test database (otherwise a missing server is a connection error, not a skip)."""
+    vendor = db_vendor()
+    if vendor == "postgresql":
+        require_service("PostgreSQL", "127.0.0.1", 5432)
+    if vendor == "mysql":
+        db = settings.DATABASES["default"]
+        require_service("MariaDB/MySQL", str(db["HOST"]), int(str(db["PORT"])))
+
+
 @pytest.fixture(autouse=True)
 def _services(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("postgres") or settings.DATABASES["default"][
-        "ENGINE"
-    ].endswith("postgresql"):
+    vendor = db_vendor()
+    if vendor == "postgresql":
         require_service("PostgreSQL", "127.0.0.1", 5432)
+    if vendor == "mysql":
+        db = settings.DATABASES["default"]
+        require_service("MariaDB/MySQL", str(db["HOST"]), int(str(db["PORT"])))
     if request.node.get_closest_marker("redis"):
         require_service("Redis", "127.0.0.1", 6379)
 
 
 @pytest.fixture
-def recorder(settings: pytest.FixtureRequest) -> Iterator[object]:
+def recorder(settings: Settings) -> Iterator[RecordingBridge]:
     """Route admissions to an in-memory recorder instead of Celery."""
     from tests.bridge import recorder as rec
 
-    pools = dict(settings.POOLS)  # type: ignore[attr-defined]
+    pools = dict(settings.POOLS)
     pools["PUBLISHER"] = "tests.bridge.recorder"
-    settings.POOLS = pools  # type: ignore[attr-defined]
+    settings.POOLS = pools
     from pools.core import dispatch
 
     rec.reset()
@@ -71,7 +109,7 @@ def _admission_paths() -> list[str]:
 
 
 @pytest.fixture(params=_admission_paths())
-def admission_path(request: pytest.FixtureRequest, settings: Any) -> str:
+def admission_path(request: pytest.FixtureRequest, settings: Settings) -> str:
     """Run a test on PostgreSQL's stored-function fast path and on the portable ORM path."""
     settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": request.param == "sql"}
     return str(request.param)

@@ -20,6 +20,8 @@ append-only log whose sequence gives one global order to every event:
 
 * PostgreSQL: a plain table with a ``bigserial`` key in the test database (``nextval``
   is atomic and increases in real time across connections);
+* MySQL/MariaDB: the same with an ``AUTO_INCREMENT`` key (the value is taken under
+  InnoDB's auto-increment lock when the row is inserted, so it too increases in real time);
 * SQLite: a separate SQLite file, one autocommit ``INSERT`` per event (the write lock
   serializes them, so rowids increase in real time).
 
@@ -42,7 +44,7 @@ import sqlite3
 import threading
 import time
 import traceback
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +80,7 @@ class Recorder:
         self.spec = spec
         self._sqlite: sqlite3.Connection | None = None
         self._pg: Any = None
+        self._mysql: Any = None
 
     # -- set-up / tear-down (parent) ------------------------------------------------
     @classmethod
@@ -102,6 +105,28 @@ class Recorder:
                 "mono bigint NOT NULL)"
             )
             return rec
+        if vendor == "mysql":
+            from django.db import connection
+
+            d = connection.settings_dict
+            params = {
+                "database": db_name,
+                "user": d.get("USER") or "",
+                "password": d.get("PASSWORD") or "",
+                "host": d.get("HOST") or "",
+                "port": str(d.get("PORT") or ""),
+            }
+            rec = cls(
+                {"kind": "mysql", "table": PG_TABLE, **{k: v for k, v in params.items() if v}}
+            )
+            cur = rec._mysql_con().cursor()
+            cur.execute(f"DROP TABLE IF EXISTS {PG_TABLE}")
+            cur.execute(
+                f"CREATE TABLE {PG_TABLE} (seq bigint AUTO_INCREMENT PRIMARY KEY, "
+                "kind varchar(40) NOT NULL, entry bigint, token bigint, demand text NOT NULL, "
+                "proc int NOT NULL, mono bigint NOT NULL) ENGINE=InnoDB"
+            )
+            return rec
         path = os.path.join(
             os.path.dirname(os.path.abspath(db_name)), f"contention-{os.getpid()}.sqlite3"
         )
@@ -119,6 +144,8 @@ class Recorder:
     def drop(self) -> None:
         if self.spec["kind"] == "pg":
             self._pg_con().execute(f"DROP TABLE IF EXISTS {PG_TABLE}")
+        if self.spec["kind"] == "mysql":
+            self._mysql_con().cursor().execute(f"DROP TABLE IF EXISTS {PG_TABLE}")
         self.close()
         if self.spec["kind"] == "sqlite":
             for suffix in ("", "-wal", "-shm"):
@@ -134,11 +161,26 @@ class Recorder:
         if self._pg is None:
             import psycopg
 
-            params = {k: v for k, v in self.spec.items() if k not in {"kind", "table"}}
+            params: dict[str, Any] = {
+                k: v for k, v in self.spec.items() if k not in {"kind", "table"}
+            }
             self._pg = psycopg.connect(
                 **params, autocommit=True, options="-c synchronous_commit=off"
             )
         return self._pg
+
+    def _mysql_con(self) -> Any:
+        """Own autocommit connection (not Django's), like :meth:`_pg_con`."""
+        if self._mysql is None:
+            import MySQLdb
+
+            params: dict[str, Any] = {
+                k: v for k, v in self.spec.items() if k not in {"kind", "table", "port"}
+            }
+            if "port" in self.spec:
+                params["port"] = int(self.spec["port"])
+            self._mysql = MySQLdb.connect(**params, autocommit=True)
+        return self._mysql
 
     def _sqlite_con(self) -> sqlite3.Connection:
         if self._sqlite is None:
@@ -160,6 +202,12 @@ class Recorder:
                 "VALUES (%s, %s, %s, %s, %s, %s)",
                 [*row, time.monotonic_ns()],
             )
+        elif self.spec["kind"] == "mysql":
+            self._mysql_con().cursor().execute(
+                f"INSERT INTO {self.spec['table']} (kind, entry, token, demand, proc, mono) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                [*row, time.monotonic_ns()],
+            )
         else:
             self._sqlite_con().execute(
                 "INSERT INTO log (kind, entry, token, demand, proc, mono) VALUES (?, ?, ?, ?, ?, ?)",
@@ -168,10 +216,10 @@ class Recorder:
 
     def close(self) -> None:
         """Close this process's recorder connection."""
-        for con in (self._pg, self._sqlite):
+        for con in (self._pg, self._mysql, self._sqlite):
             if con is not None:
                 con.close()
-        self._pg = self._sqlite = None
+        self._pg = self._mysql = self._sqlite = None
 
     # -- reading (parent) ----------------------------------------------------------------
     def events(self) -> list[Event]:
@@ -179,6 +227,10 @@ class Recorder:
         sql = "SELECT seq, kind, entry, token, demand, proc, mono FROM {} ORDER BY seq"
         if self.spec["kind"] == "pg":
             rows = self._pg_con().execute(sql.format(self.spec["table"])).fetchall()
+        elif self.spec["kind"] == "mysql":
+            cur = self._mysql_con().cursor()
+            cur.execute(sql.format(self.spec["table"]))
+            rows = cur.fetchall()
         else:
             rows = self._sqlite_con().execute(sql.format("log")).fetchall()
         return [
@@ -314,6 +366,9 @@ def _setup_django(cfg: ChildConfig) -> None:
     if cfg.vendor == "postgresql":
         os.environ["POOLS_TEST_DB"] = "postgres"
         os.environ["POOLS_PG_NAME"] = cfg.db_name
+    elif cfg.vendor == "mysql":
+        os.environ["POOLS_TEST_DB"] = "mysql"
+        os.environ["POOLS_MYSQL_NAME"] = cfg.db_name
     else:
         os.environ["POOLS_TEST_DB"] = "sqlite"
         os.environ["POOLS_SQLITE_DIR"] = os.path.dirname(os.path.abspath(cfg.db_name))
@@ -348,7 +403,7 @@ class ChildStats:
     lost_claims: int = 0
     polls: int = 0
     #: Seconds spent in each kind of call (enqueue, poll, start, hold, settle, idle).
-    seconds: Counter[str] = field(default_factory=Counter)
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     #: Slowest single call of each kind, in seconds.
     slowest: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -418,7 +473,7 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
     from pools.specs import PoolSpec
 
     if cfg.sabotage:
-        admission._held_by_pool = lambda pool_ids: {}  # type: ignore[assignment]
+        admission._held_by_pool = lambda pools: {}
     stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec
@@ -593,10 +648,11 @@ class Result:
 
     def timings(self) -> str:
         """Seconds per kind of call, summed over the children, and the slowest call."""
-        total: Counter[str] = Counter()
+        total: defaultdict[str, float] = defaultdict(float)
         slowest: dict[str, float] = {}
         for c in self.children:
-            total.update(c.seconds)
+            for k, seconds in c.seconds.items():
+                total[k] += seconds
             for k, v in c.slowest.items():
                 slowest[k] = max(slowest.get(k, 0.0), v)
         return ", ".join(

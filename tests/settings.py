@@ -1,7 +1,9 @@
 """Settings for the test suite.
 
 ``POOLS_TEST_DB=postgres`` runs on PostgreSQL (127.0.0.1:5432, user postgres);
-the default is SQLite in WAL mode with IMMEDIATE transactions.
+``POOLS_TEST_DB=mysql`` on MariaDB/MySQL (``POOLS_MYSQL_HOST``/``_PORT``/``_USER``/``_PASSWORD``,
+default 127.0.0.1:3306 root without password; database ``POOLS_MYSQL_NAME``, test database
+``POOLS_MYSQL_TEST_NAME``); the default is SQLite in WAL mode with IMMEDIATE transactions.
 """
 
 from __future__ import annotations
@@ -62,8 +64,30 @@ if DB_KIND == "postgres":
             "NAME": os.environ.get("POOLS_PG_NAME", "pools"),
             "USER": "postgres",
             "HOST": "127.0.0.1",
-            "PORT": "5432",
+            "PORT": os.environ.get("POOLS_PG_PORT", "5432"),
             "TEST": {"NAME": os.environ.get("POOLS_PG_TEST_NAME", "test_pools")},
+        }
+    }
+elif DB_KIND == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": os.environ.get("POOLS_MYSQL_NAME", "pools"),
+            "USER": os.environ.get("POOLS_MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("POOLS_MYSQL_PASSWORD", ""),
+            "HOST": os.environ.get("POOLS_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("POOLS_MYSQL_PORT", "3306"),
+            # READ COMMITTED (Django's default on MySQL, spelled out: pools.W003 checks it)
+            # and utf8mb4 for task names and keys.
+            # POOLS_MYSQL_ISOLATION only to measure another level (docs/concepts/databases.md).
+            "OPTIONS": {
+                "isolation_level": os.environ.get("POOLS_MYSQL_ISOLATION", "read committed"),
+                "charset": "utf8mb4",
+            },
+            "TEST": {
+                "NAME": os.environ.get("POOLS_MYSQL_TEST_NAME", "test_pools"),
+                "CHARSET": "utf8mb4",
+            },
         }
     }
 else:
@@ -84,7 +108,7 @@ else:
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "memory://")
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "cache+memory://")
 CELERY_TASK_ACKS_LATE = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("POOLS_TEST_PREFETCH", "1"))
 # Keep worker database connections between tasks (Celery's Django fixup otherwise closes
 # them before and after every task, and each pooled task would reconnect to settle).
 CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000")) or None  # 0: unset

@@ -10,7 +10,8 @@ PoolConfigurationError                   400   ``{field: [message]}`` or detail 
 PoolUnavailable, database unreachable    503   ``{"detail": "pool state is unavailable"}``
 =====================================  ======  ==========================================
 
-DRF's own errors keep their status and get a ``code`` beside their ``detail``.
+DRF's own errors keep their status and get a ``code`` beside their ``detail``. Credentials
+the database refuses to look up (a NUL byte on PostgreSQL) are ``authentication_failed``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import InterfaceError, OperationalError
+from django.db import DataError, InterfaceError, OperationalError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -43,15 +44,17 @@ UNAVAILABLE = "pool state is unavailable"
 
 def status_of(exc: PoolError) -> int:
     """The HTTP status of a pool error (the order matters: refusals may also be config errors)."""
+    # DRF ships no type information: its status constants are typed here (ints).
+    code: int = status.HTTP_500_INTERNAL_SERVER_ERROR
     if isinstance(exc, PoolUnavailable):
-        return status.HTTP_503_SERVICE_UNAVAILABLE
-    if isinstance(exc, PoolRefused):
-        return status.HTTP_409_CONFLICT
-    if isinstance(exc, EntryNotFound | UnknownPool | JobNotFound):
-        return status.HTTP_404_NOT_FOUND
-    if isinstance(exc, PoolConfigurationError):
-        return status.HTTP_400_BAD_REQUEST
-    return status.HTTP_500_INTERNAL_SERVER_ERROR
+        code = status.HTTP_503_SERVICE_UNAVAILABLE
+    elif isinstance(exc, PoolRefused):
+        code = status.HTTP_409_CONFLICT
+    elif isinstance(exc, EntryNotFound | UnknownPool | JobNotFound):
+        code = status.HTTP_404_NOT_FOUND
+    elif isinstance(exc, PoolConfigurationError):
+        code = status.HTTP_400_BAD_REQUEST
+    return code
 
 
 def body_of(exc: PoolError) -> dict[str, Any]:
@@ -65,6 +68,20 @@ def body_of(exc: PoolError) -> dict[str, Any]:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF exception handler of the pools API views (set on the views, not globally)."""
+    request = context.get("request")
+    if isinstance(exc, DataError) and request is not None and not hasattr(request, "_user"):
+        # Raised while authenticating (DRF sets ``_user`` once it is done): credentials the
+        # database refuses to look up, e.g. a NUL byte in a basic-auth name on PostgreSQL.
+        failed = exceptions.AuthenticationFailed(
+            "Invalid credentials: they contain characters the database refuses (a NUL byte)."
+        )
+        view = context.get("view")  # 401 with a challenge, else 403, as DRF decides
+        header = view.get_authenticate_header(request) if view is not None else None
+        if header:
+            failed.auth_header = header
+        else:
+            failed.status_code = status.HTTP_403_FORBIDDEN
+        exc = failed
     if isinstance(exc, OperationalError | InterfaceError):  # the database is unreachable
         logger.warning("pools API: %s", exc)
         exc = PoolUnavailable(str(exc))

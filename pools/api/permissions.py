@@ -16,7 +16,11 @@ START_JOB = "pools.start_job"
 
 
 class ModelPerms(BasePermission):
-    """The user must be authenticated and hold ``view.perms[request.method]`` (all of them)."""
+    """The user must be authenticated and hold ``view.perms[request.method]`` (all of them).
+
+    A method the view does not implement is let through for an authenticated user so that
+    it answers 405 (nothing runs); a method it implements without a permission is refused.
+    """
 
     message = "You do not have the permission this endpoint needs."
 
@@ -25,5 +29,8 @@ class ModelPerms(BasePermission):
         user = request.user
         if not user or not user.is_authenticated:
             return False
+        method = (request.method or "").lower()
+        if method not in view.http_method_names or not hasattr(view, method):
+            return True  # nothing runs: the view answers 405 Method Not Allowed
         needed = view.perms.get(request.method, ())
         return bool(needed) and user.has_perms(needed)

@@ -25,6 +25,20 @@ class UnavailableSerializer(serializers.Serializer[Any]):
     detail = serializers.CharField(help_text='Always "pool state is unavailable".')
 
 
+class BadRequestSerializer(serializers.Serializer[Any]):
+    """400 of a query or a small body: messages per field, or a message and a code."""
+
+    detail = serializers.CharField(
+        required=False, help_text="What is wrong (unreadable body, bad state or cursor)."
+    )
+    code = serializers.CharField(
+        required=False, help_text="parse_error, invalid_cursor, ... (with detail)."
+    )
+    limit = serializers.ListField(child=serializers.CharField(), required=False)
+    terminate = serializers.ListField(child=serializers.CharField(), required=False)
+    non_field_errors = serializers.ListField(child=serializers.CharField(), required=False)
+
+
 class ValidationErrorSerializer(serializers.Serializer[Any]):
     """400: messages per field (``non_field_errors`` for the whole body)."""
 
@@ -238,4 +252,5 @@ class PoolInputSerializer(serializers.Serializer[Any]):
 
     def validate_max_queued(self, value: int | None) -> int | None:
         """A positive integer or null (unlimited)."""
-        return _field_check("max_queued", value)
+        checked: int | None = _field_check("max_queued", value)
+        return checked

@@ -1,5 +1,9 @@
 """REST endpoints. Every change goes through the service functions of the core.
 
+Reads run in a transaction bounded like every pool operation (``LOCK_TIMEOUT_SECONDS``):
+a table locked by a migration or a stuck session answers 503 at the bound instead of
+hanging the request.
+
 Authentication: the project's ``DEFAULT_AUTHENTICATION_CLASSES`` (DRF's default: session,
 with CSRF, and basic), plus token authentication when ``rest_framework.authtoken`` is
 installed. Permissions: Django model permissions per method (:mod:`pools.api.permissions`).
@@ -22,7 +26,7 @@ from pools.api import errors, permissions
 from pools.api import serializers as s
 from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, view_schema
 from pools.celery import jobs
-from pools.core import admission, definitions, explain, snapshots
+from pools.core import admission, definitions, explain, reads, snapshots
 from pools.exceptions import EntryNotFound, PoolRefused, UnknownPool
 from pools.models import Origin, Pool
 
@@ -99,7 +103,8 @@ class PoolListView(PoolsAPIView):
     )
     def get(self, request: Request) -> Response:
         """Snapshots of every pool, by name."""
-        snaps = snapshots.snapshot_all(head=LIST_HEAD, recent=LIST_RECENT)
+        with reads.bounded_read("read pools"):
+            snaps = snapshots.snapshot_all(head=LIST_HEAD, recent=LIST_RECENT)
         return Response(s.PoolSnapshotSerializer(snaps, many=True).data)
 
     @extend_schema(
@@ -131,7 +136,8 @@ class PoolDetailView(PoolsAPIView):
     )
     def get(self, request: Request, name: str) -> Response:
         """One pool."""
-        snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
+        with reads.bounded_read(f"read pool {name}"):
+            snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
         return Response(s.PoolSnapshotSerializer(snap).data)
 
     @extend_schema(
@@ -192,7 +198,10 @@ class PoolEntriesView(PoolsAPIView):
         ],
         responses={
             200: s.EntriesPageSerializer,
-            400: _error("Invalid state, limit or cursor."),
+            400: _error(
+                "Invalid limit (per field), or state or cursor (invalid_cursor).",
+                s.BadRequestSerializer,
+            ),
             404: _error("Unknown pool."),
             **COMMON,
         },
@@ -207,7 +216,8 @@ class PoolEntriesView(PoolsAPIView):
             raise ValidationError({"limit": ["limit must be an integer."]}) from exc
         if not 1 <= limit <= snapshots.MAX_PAGE:
             raise ValidationError({"limit": [f"limit must be between 1 and {snapshots.MAX_PAGE}."]})
-        page = snapshots.entries_page(name, state=state, cursor=cursor, limit=limit)
+        with reads.bounded_read(f"read pool {name}"):
+            page = snapshots.entries_page(name, state=state, cursor=cursor, limit=limit)
         next_url = None
         if page.next_cursor:
             query = urlencode({"state": state, "limit": limit, "cursor": page.next_cursor})
@@ -234,7 +244,8 @@ class EntryDetailView(PoolsAPIView):
     )
     def get(self, request: Request, key: str) -> Response:
         """The entry and its places."""
-        got = explain.explain_key(key)
+        with reads.bounded_read("read entry"):
+            got = explain.explain_key(key)
         body = dict(s.EntrySerializer(got.entry).data)
         body["blocked_by"] = got.blocked_by
         body["eta"] = _datetime.to_representation(got.eta) if got.eta else None
@@ -255,7 +266,11 @@ class CancelView(PoolsAPIView):
         request=s.CancelSerializer,
         responses={
             200: s.EntrySerializer,
-            400: _error("Invalid body (terminate must be a boolean)."),
+            400: _error(
+                "Invalid body: terminate must be a boolean (per field), or unreadable JSON "
+                "(parse_error).",
+                s.BadRequestSerializer,
+            ),
             404: _error("Unknown pool, or no entry with this key in the pool."),
             409: _error(
                 "The pool refuses: the entry is already running (without terminate) or "
@@ -296,7 +311,7 @@ class JobStartView(PoolsAPIView):
             404: _error("Unknown periodic task (job_not_found)."),
             409: _error(
                 "A pool refuses the task (pool_full, pool_draining, unknown_pool, "
-                "demand_exceeds_capacity, ...)."
+                "demand_exceeds_capacity, message_too_large, ...)."
             ),
             **COMMON,
         },

@@ -341,7 +341,7 @@ def _copy_sql(
         )
         SELECT (SELECT count(*) FROM new), (SELECT count(*) FROM dem), (SELECT count(*) FROM ev)
     """
-    encoder = QueueEntry._meta.get_field("args").encoder  # type: ignore[union-attr]
+    encoder = QueueEntry._meta.get_field("args").encoder
     params: dict[str, Any] = {
         "keys": keys,
         "args": [json.dumps(a, cls=encoder) for a in args],
@@ -475,12 +475,26 @@ def remove_pools() -> int:
     entries, demands = qn(QueueEntry._meta.db_table), qn(Demand._meta.db_table)
     in_pools = ", ".join(["%s"] * len(pool_ids))
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {entries} WHERE {qn('queue_id')} IN "
-            f"(SELECT {qn('entry_id')} FROM {demands} WHERE {qn('pool_id')} IN ({in_pools}))",
-            pool_ids,
-        )
-        deleted = max(cursor.rowcount, 0)
+        if connection.vendor == "mysql":
+            # InnoDB checks foreign keys per statement: demand rows before their entries.
+            ids = list(
+                Demand.objects.filter(pool_id__in=pool_ids)
+                .values_list("entry_id", flat=True)
+                .distinct()
+            )
+            deleted = len(ids)
+            for start in range(0, len(ids), BULK_SQL):
+                chunk = ids[start : start + BULK_SQL]
+                marks = ", ".join(["%s"] * len(chunk))
+                cursor.execute(f"DELETE FROM {demands} WHERE {qn('entry_id')} IN ({marks})", chunk)
+                cursor.execute(f"DELETE FROM {entries} WHERE {qn('queue_id')} IN ({marks})", chunk)
+        else:
+            cursor.execute(
+                f"DELETE FROM {entries} WHERE {qn('queue_id')} IN "
+                f"(SELECT {qn('entry_id')} FROM {demands} WHERE {qn('pool_id')} IN ({in_pools}))",
+                pool_ids,
+            )
+            deleted = max(cursor.rowcount, 0)
         cursor.execute(f"DELETE FROM {demands} WHERE {qn('pool_id')} IN ({in_pools})", pool_ids)
         cursor.execute(
             f"DELETE FROM {qn(PoolEvent._meta.db_table)} WHERE {qn('pool')} IN "

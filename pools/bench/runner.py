@@ -27,6 +27,7 @@ from pools.bench.workers import (
     POOLED_QUEUE,
     RECIPE_QUEUE,
     Fleet,
+    error_lines,
 )
 
 
@@ -94,7 +95,7 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
             ctx.results[name] = _attempt(ctx, name, redis_url)
             seconds[name] = time.monotonic() - step
         ctx.results["worker_errors"] = {
-            w.name: w.error_lines()[:20] for w in ctx.fleet.workers if w.error_lines()
+            w.name: errors[:20] for w in ctx.fleet.workers if (errors := error_lines(w))
         }
     finally:
         print("Stopping the benchmark's workers and cleaning up ...", file=sys.stderr)
@@ -253,7 +254,8 @@ def _loadavg() -> list[float]:
 def _autovacuum() -> bool | None:
     if connection.vendor != "postgresql":
         return None
-    return backlog.scalar("SHOW autovacuum") == "on"
+    setting: str = backlog.scalar("SHOW autovacuum")
+    return setting == "on"
 
 
 def _meta(ctx: Context) -> dict[str, Any]:
@@ -263,7 +265,7 @@ def _meta(ctx: Context) -> dict[str, Any]:
     db = connection.settings_dict
     version = str(
         backlog.scalar(
-            "SELECT version()" if connection.vendor == "postgresql" else "SELECT sqlite_version()"
+            "SELECT sqlite_version()" if connection.vendor == "sqlite" else "SELECT version()"
         )
         or ""
     )

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pools.celery import processes
 
 #: The queue pooled deliveries of the benchmark go to (always consumed by the main workers).
 POOLED_QUEUE = "pools-bench"
@@ -36,65 +33,13 @@ IDLE_QUEUE = "pools-bench-idle"
 
 ERROR_LINE = re.compile(r"(: (ERROR|CRITICAL)/|^Traceback)")
 
-
-@dataclass
-class Worker:
-    """One ``celery worker`` subprocess (prefork)."""
-
-    name: str
-    concurrency: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-    _log_file: Any = field(default=None, repr=False)
-
-    def alive(self) -> bool:
-        """True while the master process runs."""
-        return self.proc.poll() is None
-
-    def children(self) -> list[int]:
-        """Pids of the prefork pool processes."""
-        return _children(self.proc.pid)
-
-    def rss(self) -> dict[str, Any]:
-        """Resident memory (bytes) of the master and of each pool process."""
-        kids = self.children()
-        return {"master": _rss(self.proc.pid), "children": [_rss(pid) for pid in kids]}
-
-    def error_lines(self) -> list[str]:
-        """Lines the worker logged at ERROR/CRITICAL level, and tracebacks."""
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return []
-        return [line for line in text.splitlines() if ERROR_LINE.search(line)]
+#: One benchmark worker: a :class:`pools.celery.processes.Process` (node name, log, pids, RSS).
+Worker = processes.Process
 
 
-def _rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    try:
-        return [int(p) for p in path.read_text().split()]
-    except OSError:
-        pass
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
+def error_lines(worker: Worker) -> list[str]:
+    """Lines ``worker`` logged at ERROR/CRITICAL level, and tracebacks."""
+    return worker.log_lines(ERROR_LINE)
 
 
 class Fleet:
@@ -123,71 +68,32 @@ class Fleet:
     def start(self, label: str, concurrency: int, queues: list[str]) -> Worker:
         """Start one worker (returns at once; see :meth:`wait_ready`)."""
         node = f"{label}-{self.run_id}"
-        log = self.log_dir / f"{node}.log"
-        log_file = log.open("wb")
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
+        worker = processes.start_worker(
             self.app_path,
-            "worker",
-            "-P",
-            "prefork",
-            "-c",
-            str(concurrency),
-            "-n",
-            f"{node}@%h",
-            "-Q",
-            ",".join(queues),
-            "--include",
-            "pools.bench.tasks",
-            "--without-mingle",
-            "--without-gossip",
-            "--without-heartbeat",
-            "-l",
-            "warning",
-            *self.extra_args,
-        ]
-        proc = subprocess.Popen(
-            argv,
-            env=_worker_env(),
-            cwd=_app_root(self.app_path),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the benchmark, which stops us cleanly
-        )
-        worker = Worker(
-            name=f"{node}@{socket.gethostname()}",
+            node=node,
+            log=self.log_dir / f"{node}.log",
             concurrency=concurrency,
-            proc=proc,
-            log=log,
-            _log_file=log_file,
+            queues=queues,
+            include=["pools.bench.tasks"],
+            loglevel="warning",
+            heartbeat=False,
+            extra_args=self.extra_args,
+            env=_worker_env(),
+            cwd=_app_root(self.app_path),  # in a session of its own: Ctrl-C reaches only us
         )
         self.workers.append(worker)
         return worker
 
     def wait_ready(self, workers: list[Worker], timeout: float = 90.0) -> None:
         """Wait until each worker answers a ping; raise with its log if it died."""
-        deadline = time.monotonic() + timeout
-        pending = list(workers)
-        while pending:
-            for worker in list(pending):
-                if not worker.alive():
-                    tail = worker.log.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"worker {worker.name} exited while starting:\n{tail}")
-            replies = self.app.control.ping(destination=[w.name for w in pending], timeout=0.5)
-            answered = {name for reply in replies or [] for name in reply}
-            pending = [w for w in pending if w.name not in answered]
-            if pending and time.monotonic() > deadline:
-                names = ", ".join(w.name for w in pending)
-                raise RuntimeError(f"workers did not answer a ping in {timeout:.0f} s: {names}")
+        # At WARNING level a worker never logs "ready.": the ping alone says it consumes.
+        processes.wait_ready(workers, timeout=timeout, marker=None, ping=self.app)
 
     def check_alive(self) -> None:
         """Raise if a worker's main process has exited (its first error line is quoted)."""
         for worker in self.workers:
             if not worker.alive():
-                errors = worker.error_lines()
+                errors = error_lines(worker)
                 last = f": {errors[0]}" if errors else ""
                 raise RuntimeError(
                     f"worker {worker.name} exited with status {worker.proc.returncode}{last} "
@@ -213,22 +119,7 @@ class Fleet:
 
     def stop(self, timeout: float = 20.0) -> None:
         """Warm shutdown (SIGTERM), then SIGKILL whatever is left of each process group."""
-        for worker in self.workers:
-            if worker.alive():
-                worker.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for worker in self.workers:
-            try:
-                worker.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(worker.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            worker.proc.wait(timeout=timeout)
-            if worker._log_file is not None:
-                worker._log_file.close()
+        processes.stop(self.workers, timeout)
 
 
 def _app_root(app_path: str) -> str:
@@ -253,7 +144,6 @@ def _worker_env() -> dict[str, str]:
 
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = settings_module()
-    env["PYTHONUNBUFFERED"] = "1"
     # The directory of manage.py (sys.path[0]) is where the project package lives.
     paths = [p for p in (sys.path[0], os.getcwd()) if p]
     env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])

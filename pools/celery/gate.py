@@ -19,15 +19,17 @@ from typing import Any
 
 from celery import Celery, signals
 from celery.app import base as celery_base
+from celery.utils import uuid
+from django.db import connection
 from django.utils import timezone
 
 from pools import conf
-from pools.celery import messages, results
+from pools.celery import messages, refusals, results
 from pools.celery.decorators import gate_task, spec_of
 from pools.celery.messages import ADMITTED_OPTION, CALL_OPTION, CLAIM_HEADER, ORIGIN_OPTION
 from pools.core import admission
 from pools.core.records import Admission, Finished, Submission
-from pools.exceptions import PoolConfigurationError
+from pools.exceptions import PoolConfigurationError, PoolUnavailable
 from pools.models import Origin
 from pools.specs import PoolSpec
 
@@ -108,6 +110,13 @@ def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:
     """The pool spec of task ``name``: from the task's decorator, else ``POOLS['TASKS']``."""
     if task_type is None:
         task_type = app._tasks.get(name)  # type: ignore[attr-defined]  # raw registry: no finalize
+        unfinalized = not getattr(app, "finalized", True)  # not in celery-types' stubs
+        if task_type is None and unfinalized and getattr(app, "autofinalize", True):
+            # @shared_task tasks join an app's registry when it is finalized. A process whose
+            # app is not finalized yet (a web process that only calls send_task by name)
+            # would otherwise send a pooled task around the gate.
+            app.finalize(auto=True)
+            task_type = app._tasks.get(name)  # type: ignore[attr-defined]
     spec = spec_of(task_type) if task_type is not None else None
     if spec is None:
         declared = conf.get().TASKS.get(name)
@@ -132,7 +141,23 @@ def _gated_send_task(
                 f"@pooled or list it in POOLS['TASKS']."
             )
         return _original_send_task(self, name, args, kwargs, **options)
-    return _submit(self, name, args, kwargs, spec.with_call_options(call_options), options, origin)
+    spec = spec.with_call_options(call_options)
+    beat_fire = refusals.is_beat_fire(options.get("headers"), origin)
+    if beat_fire and not options.get("task_id"):
+        options["task_id"] = uuid()  # what send_task would pick: the id of a dropped fire
+    try:
+        return _submit(self, name, args, kwargs, spec, options, origin)
+    except Exception as exc:
+        refused = refusals.as_pool_error(exc, name)
+        if refused is None:
+            raise
+        if beat_fire:  # dropped with one warning; beat goes on with its other jobs
+            job = refusals.job_name(options.get("headers"), name)
+            refusals.warn_dropped(job, refusals.pool_of(refused, spec.pools), refused)
+            return self.AsyncResult(options["task_id"])
+        if refused is exc:
+            raise
+        raise refused from exc
 
 
 def _submit(
@@ -142,7 +167,7 @@ def _submit(
     kwargs: Any,
     spec: PoolSpec,
     options: dict[str, Any],
-    origin: str | None = None,
+    origin: Origin | None = None,
 ) -> Any:
     """Let Celery build the message as it would publish it, and put it in line instead.
 
@@ -172,7 +197,8 @@ def _submit(
         return _original_send_task(app, name, args, kwargs, producer=capture, **options)
 
 
-def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: str | None) -> None:
+def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: Origin | None) -> None:
+    refusals.check_size(message.task_name, message.body)
     headers = message.headers
     headers.pop(CLAIM_HEADER, None)
     if origin is None:
@@ -182,22 +208,50 @@ def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: str | N
     stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
     if expires is not None:
         stored["expires"] = expires.isoformat()
-    admission.enqueue(
-        Submission(
-            key=message.task_id,
-            task_name=message.task_name,
-            spec=spec,
-            args=args,
-            kwargs=kwargs,
-            options=stored,
-            not_before=message.header_time("eta"),
-            expires=expires,
-            origin=origin,
-            root_id=str(headers.get("root_id") or ""),
-            parent_id=str(headers.get("parent_id") or ""),
-            attempt=int(headers.get("retries") or 0),
-        )
+    try:
+        admission.enqueue(_submission(message, spec, origin, args, kwargs, stored, expires))
+    except PoolUnavailable:
+        _drop_broken_connection()
+        raise
+
+
+def _submission(
+    message: messages.HeldMessage,
+    spec: PoolSpec,
+    origin: Origin,
+    args: Any,
+    kwargs: Any,
+    stored: dict[str, Any],
+    expires: datetime | None,
+) -> Submission:
+    headers = message.headers
+    return Submission(
+        key=message.task_id,
+        task_name=message.task_name,
+        spec=spec,
+        args=args,
+        kwargs=kwargs,
+        options=stored,
+        not_before=message.header_time("eta"),
+        expires=expires,
+        origin=origin,
+        root_id=str(headers.get("root_id") or ""),
+        parent_id=str(headers.get("parent_id") or ""),
+        attempt=int(headers.get("retries") or 0),
     )
+
+
+def _drop_broken_connection() -> None:
+    """After an outage, let the next call reconnect.
+
+    Web requests close broken connections at their end; beat and scripts that call pooled
+    tasks live longer, and without this every later call would fail on the dead connection
+    (after a PostgreSQL restart, say). Inside the caller's own transaction it is left alone.
+    """
+    if connection.connection is None or connection.in_atomic_block:
+        return
+    if not connection.is_usable():
+        connection.close()
 
 
 def _display(message: messages.HeldMessage) -> tuple[Any, Any]:
@@ -301,14 +355,23 @@ class CeleryBridge:
 
         assert _original_send_task is not None
         delay = max(0.0, (when - timezone.now()).total_seconds())
-        _original_send_task(
-            current_app,
-            "pools.admit",
-            (list(pools),),
-            countdown=delay,
-            expires=delay + 60,
-            ignore_result=True,
-        )
+        try:
+            _original_send_task(
+                current_app,
+                "pools.admit",
+                (list(pools),),
+                countdown=delay,
+                expires=delay + 60,
+                ignore_result=True,
+            )
+        except Exception as exc:
+            # The entries are safely in line: the caller's call must not fail for this, and
+            # the sweep (every SWEEP_SECONDS) runs the admission the wake-up would have.
+            logger.warning(
+                "Timed wake-up of pools %s not sent (%s); the next sweep admits them",
+                ", ".join(pools),
+                exc,
+            )
 
 
 #: The bridge named by the default ``POOLS["PUBLISHER"]``.

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pools.celery import gate
-from pools.exceptions import JobNotFound, PoolConfigurationError
+from pools.celery import gate, refusals
+from pools.exceptions import JobNotFound, PoolConfigurationError, PoolError
 from pools.models import Origin, QueueEntry
 
 
@@ -45,11 +45,13 @@ def _json_field(raw: str | None, default: Any, name: str, what: str) -> Any:
         ) from exc
 
 
-def start_job(name: str, *, origin: str = Origin.MANUAL) -> JobStarted:
+def start_job(name: str, *, origin: Origin = Origin.MANUAL) -> JobStarted:
     """Send periodic task ``name``'s task now, through the pools gate.
 
     Raises :class:`JobNotFound` for an unknown name; a pool's refusal propagates
-    (:class:`PoolFull`, :class:`PoolDraining`, ...), as does :class:`PoolUnavailable`.
+    (:class:`PoolFull`, :class:`PoolDraining`, ...), as does :class:`PoolUnavailable`,
+    after the warning ``Job <name> could not enter pool <pool>: <reason>`` on the
+    ``pools`` logger (:mod:`pools.celery.refusals`).
     """
     from celery import current_app
     from celery.utils import uuid
@@ -72,8 +74,14 @@ def start_job(name: str, *, origin: str = Origin.MANUAL) -> JobStarted:
     elif job.expire_seconds is not None:
         options["expires"] = job.expire_seconds
     key = uuid()
-    pooled = gate.spec_for(current_app, job.task) is not None
-    current_app.send_task(job.task, args, kwargs, task_id=key, **options)
+    spec = gate.spec_for(current_app, job.task)
+    pooled = spec is not None
+    try:
+        current_app.send_task(job.task, args, kwargs, task_id=key, **options)
+    except PoolError as exc:  # refused or unreachable: nothing was queued
+        if spec is not None:
+            refusals.warn_dropped(job.name, refusals.pool_of(exc, spec.pools), exc)
+        raise
     if not pooled:
         return JobStarted(queued=False, key=key)
     entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").only("demand").first()

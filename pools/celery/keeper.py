@@ -69,6 +69,8 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._held: dict[int, _Held] = {}
         self._pending: list[_PendingSettle] = []
+        #: Pools with a deferred completion in this outage (logged once each).
+        self._deferred_pools: set[str] = set()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -102,11 +104,20 @@ class LeaseKeeper:
             return bool(held and held.lost)
 
     def defer_settle(self, claim: Claim, outcome: str, expires_at: datetime) -> None:
-        """Keep a completion the worker could not write; retried on every pass."""
+        """Keep a completion the worker could not write; retried on every pass.
+
+        Logs ``pool <name>: retry settlement deferred`` once per pool and outage. Written
+        before ``expires_at`` (the lease) it counts; after it, the entry is back in line
+        and runs again (at-least-once), so the completion is dropped.
+        """
         with self._lock:
             self._pending.append(
                 _PendingSettle(claim=claim, outcome=outcome, expires_at=expires_at)
             )
+            new = sorted(set(claim.demand) - self._deferred_pools)
+            self._deferred_pools.update(new)
+        for pool in new:
+            logger.warning("pool %s: retry settlement deferred", pool)
         self._ensure_thread()
         self._wake.set()
 
@@ -189,9 +200,11 @@ class LeaseKeeper:
                 _reset_connection()
                 p.attempts += 1
                 keep.append(p)
-        if keep:
-            with self._lock:
-                self._pending.extend(keep)
+        with self._lock:
+            self._pending.extend(keep)
+            # The outage is over for pools with nothing left to write: log again next time.
+            waiting = {pool for item in self._pending for pool in item.claim.demand}
+            self._deferred_pools &= waiting
 
     def _lose(self, held: _Held, why: str) -> None:
         with self._lock:

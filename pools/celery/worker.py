@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,9 +26,12 @@ from pools.celery import messages
 from pools.celery.keeper import body_running, keeper
 from pools.core import admission, leases, nodes
 from pools.core.leases import Claim
-from pools.exceptions import LeaseLost
+from pools.exceptions import LeaseLost, PoolUnavailable
 from pools.models import Origin
 from pools.pg import fastpath
+
+#: Longest a worker retries starting a claim while pool state is unavailable.
+START_RETRY_SECONDS = 10.0
 
 logger = logging.getLogger("pools.celery.worker")
 
@@ -86,7 +90,9 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         raise Ignore()
     entry_id, token = parsed
     _drop_broken_connection()
-    claim = leases.start(entry_id, token, worker=request.hostname or "")
+    claim = start_claim(
+        entry_id, token, worker=request.hostname or "", what=f"{task.name}[{request.id}]"
+    )
     if claim is None:
         logger.warning(
             "Skipping delivery of %s[%s]: claim %s:%s is stale or already used",
@@ -112,6 +118,36 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         raise
     finally:
         _local.claim = None
+
+
+def start_claim(entry_id: int, token: int, *, worker: str, what: str) -> Claim | None:
+    """``leases.start``, retried through a short database outage (a PostgreSQL restart).
+
+    If pool state stays unavailable for half a lease (10 s at most), the delivery is dropped
+    without running and without a result (``Ignore``): the entry is still admitted, its
+    lease lapses and it is admitted and published again (at-least-once). Letting
+    :class:`PoolUnavailable` escape instead would store a FAILURE for a task that will run
+    later, and fire its error callbacks.
+    """
+    deadline = time.monotonic() + min(conf.get().LEASE_SECONDS / 2, START_RETRY_SECONDS)
+    delay = 0.1
+    while True:
+        try:
+            return leases.start(entry_id, token, worker=worker)
+        except PoolUnavailable as exc:
+            connection.close()  # the next try reconnects
+            if time.monotonic() + delay > deadline:
+                logger.warning(
+                    "%s: could not start claim %s:%s (%s); not running this delivery, the "
+                    "entry runs again once its lease lapses",
+                    what,
+                    entry_id,
+                    token,
+                    exc,
+                )
+                raise Ignore() from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 def _drop_broken_connection() -> None:
@@ -167,7 +203,8 @@ def _settle_after_run(
         try:
             admission.settle(claim.entry_id, claim.token, outcome, live_lease=True)
         except Exception:
-            logger.exception("Could not settle entry %s; retrying from the keeper", claim.entry_id)
+            # The keeper logs "pool <name>: retry settlement deferred" once per outage.
+            logger.debug("Could not settle entry %s now", claim.entry_id, exc_info=True)
             keeper.defer_settle(claim, outcome, expires_at or claim.lease_expires_at)
     except Exception:
         logger.exception("Could not release entry %s; its lease will lapse", claim.entry_id)
@@ -261,6 +298,37 @@ def _start_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
     if hostname and _heartbeat is None:
         _heartbeat = _NodeHeartbeat(hostname)
         _heartbeat.start()
+
+
+@signals.worker_shutting_down.connect(dispatch_uid="pools.celery.worker.release_reserved")
+def _release_reserved(sender: Any = None, **kwargs: Any) -> None:
+    """Give back the slots of deliveries this worker reserved but will not run.
+
+    With a prefetch multiplier above 1 a worker holds admitted messages it has not
+    started. On shutdown the broker gets them back, but their entries would keep their
+    slots until another worker starts them or their lease lapses. Requeueing them when
+    the shutdown begins (warm or cold; the main process, which runs no task bodies) puts
+    them back in line at once; the returned messages are then stale and skipped, and one
+    that starts anyway during a warm shutdown finds its token stale.
+    """
+    from celery.worker import state
+
+    active = {r.id for r in list(state.active_requests)}
+    for request in list(state.reserved_requests):
+        parsed = claim_of(_headers_of(request))
+        if request.id in active or parsed is None:
+            continue
+        try:
+            admission.requeue(*parsed, reason="worker shutdown")
+        except Exception:
+            logger.warning(
+                "Could not requeue entry %s at shutdown; its lease will lapse", parsed[0]
+            )
+
+
+def _headers_of(request: Any) -> Any:
+    message = getattr(request, "message", None)
+    return message if message is not None else request
 
 
 @signals.worker_shutdown.connect(dispatch_uid="pools.celery.worker.shutdown")

@@ -343,14 +343,14 @@ def _mark_admitted(
 
 
 def _finish_waiting(
-    entries: list[QueueEntry], state: str, now: datetime, *, reason: str
+    entries: list[QueueEntry], state: EntryState, now: datetime, *, reason: str
 ) -> list[Finished]:
     ids = [e.queue_id for e in entries]
     QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING).update(
         state=state, finished_at=now, reason=reason
     )
     Demand.objects.filter(entry_id__in=ids).update(state=state)
-    kinds: dict[str, str] = {
+    kinds: dict[EntryState, EventKind] = {
         EntryState.EXPIRED: EventKind.EXPIRED,
         EntryState.CANCELLED: EventKind.CANCELLED,
     }

@@ -31,7 +31,7 @@ NOT_LOGGED = frozenset(
 
 
 def record(
-    kind: str,
+    kind: EventKind,
     entries: Iterable[QueueEntry],
     *,
     at: datetime,
@@ -142,12 +142,12 @@ def stream(entries: Iterable[QueueEntry], logged: Iterable[PoolEvent]) -> list[P
     return [item[4] for item in out]
 
 
-def record_pool(kind: str, pool: str, *, at: datetime, detail: dict[str, Any]) -> None:
+def record_pool(kind: EventKind, pool: str, *, at: datetime, detail: dict[str, Any]) -> None:
     """Append one pool-level event (capacity changed, paused)."""
     save_rows(kind, [PoolEvent(at=at, kind=kind, pool=pool, detail=detail)])
 
 
-def save_rows(kind: str, rows: list[PoolEvent]) -> None:
+def save_rows(kind: EventKind, rows: list[PoolEvent]) -> None:
     """Insert event rows (all of ``kind``) and send their signal after commit."""
     if not rows:
         return

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
@@ -90,8 +89,7 @@ def renew(entry_id: int, token: int) -> datetime | None:
     renewal (one implementation on both paths: no stored function).
     """
     until = timezone.now() + timedelta(seconds=conf.get().LEASE_SECONDS)
-    with transaction.atomic():
-        locking.set_bound()
+    with locking.bounded_transaction():
         changed = (
             QueueEntry.objects.held()
             .filter(pk=entry_id, token=token)

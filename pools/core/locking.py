@@ -4,23 +4,73 @@ Lock order (every transaction follows it, so none can deadlock another): pool ro
 ``SELECT ... FOR UPDATE`` ordered by name, then entry and demand rows of those pools
 (plain ``UPDATE``s). Each transaction is bounded by ``LOCK_TIMEOUT_SECONDS`` (lock waits
 and each statement); database errors and passed bounds surface as
-:class:`~pools.exceptions.PoolUnavailable`.
+:class:`~pools.exceptions.PoolUnavailable` with a one-line reason (the driver's full text
+is logged on ``pools.locking`` and kept as ``__cause__``).
+
+How the bound is set, per database:
+
+* PostgreSQL: ``SET LOCAL lock_timeout`` and ``statement_timeout`` inside the transaction;
+  the server drops them when the transaction ends.
+* MySQL / MariaDB (InnoDB): there is no transaction-scoped ``SET``, so the session
+  variables ``innodb_lock_wait_timeout`` (whole seconds, rounded up) and
+  ``max_statement_time`` (MariaDB, seconds) or ``max_execution_time`` (MySQL,
+  milliseconds; it only applies to read-only ``SELECT``) are set for the pools
+  transaction and restored right after it, success or failure. One statement saves the
+  session's values in user variables (``@pools_saved_*``) and sets the bound; one
+  statement after the transaction sets them back. Nested pools transactions save and
+  restore only once (the outermost).
+* SQLite: the driver's ``timeout`` (busy wait) bounds lock waits; nothing is set here.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from typing import Any
 
-from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    ProgrammingError,
+    connection,
+    connections,
+    transaction,
+)
+from django.db.models import QuerySet
 
 from pools import conf
 from pools.exceptions import PoolUnavailable
 from pools.models import Pool
 
+logger = logging.getLogger("pools.locking")
+
 #: Sets the bound of the statement that follows it in the same query string (PostgreSQL).
 #: A ``statement_timeout`` set inside a function would not bound the running statement.
 BOUND = "SET LOCAL lock_timeout = %s; SET LOCAL statement_timeout = %s; "
+
+#: MariaDB: save the session's values, then set the bound (one round trip).
+MARIADB_BOUND = (
+    "SET @pools_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
+    "@pools_saved_statement_time = @@SESSION.max_statement_time, "
+    "SESSION innodb_lock_wait_timeout = %s, SESSION max_statement_time = %s"
+)
+MARIADB_RESTORE = (
+    "SET SESSION innodb_lock_wait_timeout = @pools_saved_lock_wait, "
+    "SESSION max_statement_time = @pools_saved_statement_time"
+)
+#: MySQL: the same with ``max_execution_time`` (milliseconds, read-only SELECTs only).
+MYSQL_BOUND = (
+    "SET @pools_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
+    "@pools_saved_execution_time = @@SESSION.max_execution_time, "
+    "SESSION innodb_lock_wait_timeout = %s, SESSION max_execution_time = %s"
+)
+MYSQL_RESTORE = (
+    "SET SESSION innodb_lock_wait_timeout = @pools_saved_lock_wait, "
+    "SESSION max_execution_time = @pools_saved_execution_time"
+)
 
 
 def bound_params() -> list[str]:
@@ -29,14 +79,121 @@ def bound_params() -> list[str]:
     return [ms, ms]
 
 
-def set_bound() -> None:
-    """Bound the rest of the current transaction (PostgreSQL; nothing elsewhere yet).
+def mysql_bound() -> tuple[str, str, list[float | int]]:
+    """``(set, restore, params)`` of the session bound on this MySQL/MariaDB connection.
 
-    The same ``SET LOCAL`` the fast path sends in front of each call.
+    ``innodb_lock_wait_timeout`` takes whole seconds (at least 1): rounded up, so a lock
+    wait is never cut shorter than ``LOCK_TIMEOUT_SECONDS``. On MariaDB
+    ``max_statement_time`` (fractional seconds) also bounds a lock wait, so the bound
+    there is ``LOCK_TIMEOUT_SECONDS`` itself.
+    """
+    seconds = conf.get().LOCK_TIMEOUT_SECONDS
+    lock_wait = max(1, math.ceil(seconds))
+    if getattr(connection, "mysql_is_mariadb", False):
+        return MARIADB_BOUND, MARIADB_RESTORE, [lock_wait, seconds]
+    return MYSQL_BOUND, MYSQL_RESTORE, [lock_wait, max(1, math.ceil(seconds * 1000))]
+
+
+def set_bound() -> None:
+    """Bound the rest of the current transaction (PostgreSQL).
+
+    The same ``SET LOCAL`` the fast path sends in front of each call. On MySQL/MariaDB
+    the bound is a pair of session variables that must be restored after the
+    transaction: :func:`bounded_transaction` (or :func:`bounded`) sets it, and this
+    function does nothing there.
     """
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(BOUND.rstrip("; "), bound_params())
+
+
+# --------------------------------------------------------------------------- errors
+
+#: MySQL/MariaDB error codes -> (kind of failure).
+_MYSQL_KINDS = {
+    1205: "lock",  # ER_LOCK_WAIT_TIMEOUT (innodb_lock_wait_timeout)
+    1969: "statement",  # ER_STATEMENT_TIMEOUT (MariaDB max_statement_time)
+    3024: "statement",  # ER_QUERY_TIMEOUT (MySQL max_execution_time)
+    1213: "deadlock",  # ER_LOCK_DEADLOCK
+    1040: "connection",  # ER_CON_COUNT_ERROR (too many connections)
+    2002: "connection",  # CR_CONNECTION_ERROR
+    2003: "connection",  # CR_CONN_HOST_ERROR
+    2006: "connection",  # CR_SERVER_GONE_ERROR
+    2013: "connection",  # CR_SERVER_LOST
+    4031: "connection",  # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
+}
+#: PostgreSQL SQLSTATEs (and classes) -> kind of failure.
+_PG_KINDS = {
+    "55P03": "lock",  # lock_not_available (lock_timeout)
+    "57014": "statement",  # query_canceled (statement_timeout)
+    "40P01": "deadlock",  # deadlock_detected
+    "40001": "deadlock",  # serialization_failure
+    "53300": "connection",  # too_many_connections
+    "57P01": "connection",  # admin_shutdown
+}
+_ADVICE = {
+    "lock": "another transaction held a pool row past LOCK_TIMEOUT_SECONDS ({s:g}s); "
+    "retry, and look for a long transaction locking pools_pool rows",
+    # The statement bound also cuts lock waits (MariaDB, PostgreSQL): either may be it.
+    "statement": "a lock wait or statement passed LOCK_TIMEOUT_SECONDS ({s:g}s); retry, "
+    "look for a long transaction locking pools_pool rows, or raise LOCK_TIMEOUT_SECONDS "
+    "if the database is overloaded",
+    "deadlock": "the database broke a deadlock by rolling this transaction back; retry "
+    "(pools locks rows in name order: look for other code locking pools rows)",
+    "connection": "the database connection failed; check that the database server "
+    "is up and accepts connections",
+    "locked": "SQLite stayed locked past its busy timeout; retry, or set "
+    "OPTIONS['transaction_mode'] = 'IMMEDIATE' (check pools.W001)",
+}
+
+
+def _first_line(text: str) -> str:
+    """The first non-empty line of ``text``, whitespace collapsed."""
+    for line in text.splitlines():
+        if line.strip():
+            return " ".join(line.split())
+    return ""
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
+    """``(kind, message)`` of a database error: one line from the driver's own message.
+
+    ``kind`` is ``lock``, ``statement``, ``deadlock``, ``connection``, ``locked`` (SQLite)
+    or ``other``.
+    """
+    cause = exc.__cause__ or exc
+    # PostgreSQL (psycopg): SQLSTATE and the primary message (no LINE/QUERY/CONTEXT).
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        diag = getattr(cause, "diag", None)
+        primary = getattr(diag, "message_primary", None) or _first_line(str(cause))
+        kind = _PG_KINDS.get(sqlstate) or ("connection" if sqlstate[:2] == "08" else "other")
+        return kind, _first_line(primary)
+    # MySQL/MariaDB (mysqlclient): args are (code, message).
+    args: tuple[object, ...] = tuple(getattr(cause, "args", ()))
+    if len(args) >= 2 and isinstance(args[0], int) and isinstance(args[1], str):
+        return _MYSQL_KINDS.get(args[0], "other"), f"{_first_line(args[1])} [{args[0]}]"
+    message = _first_line(str(cause)) or type(cause).__name__
+    if "database is locked" in message or "database table is locked" in message:
+        return "locked", message
+    if isinstance(cause, DatabaseError) and "connection" in message.lower():
+        return "connection", message
+    return "other", message
+
+
+def unavailable(what: str, exc: BaseException) -> PoolUnavailable:
+    """The :class:`PoolUnavailable` for database error ``exc`` during ``what``.
+
+    Its message is one line a user can act on: ``pool state is unavailable (what):
+    <driver's first line>; <what to do>``. The driver's full text (PostgreSQL's
+    ``LINE``/``QUERY``/``CONTEXT`` lines, MySQL's error code) goes to the ``pools.locking``
+    log; raise it ``from exc`` to keep the original as ``__cause__``.
+    """
+    kind, message = describe(exc)
+    advice = _ADVICE.get(kind, "see the pools.locking log for the database's detail")
+    text = advice.format(s=conf.get().LOCK_TIMEOUT_SECONDS)
+    logger.warning("pool state is unavailable (%s): %s", what, str(exc).strip() or repr(exc))
+    return PoolUnavailable(_first_line(f"pool state is unavailable ({what}): {message}; {text}"))
 
 
 @contextmanager
@@ -50,16 +207,102 @@ def unavailable_on_error(what: str) -> Iterator[None]:
     except (IntegrityError, ProgrammingError):
         raise  # a bug or a schema problem, not an outage: do not disguise it
     except DatabaseError as exc:
-        raise PoolUnavailable(f"pool state is unavailable ({what}): {exc}".strip()) from exc
+        raise unavailable(what, exc) from exc
+
+
+# --------------------------------------------------------------------------- the bound
+
+#: Depth of nested bounded transactions per MySQL connection (only the outermost
+#: saves and restores the session variables).
+_depth = threading.local()
+
+
+@contextmanager
+def _mysql_session_bound() -> Iterator[None]:
+    """Set the session bound for the block and restore the session's values after it."""
+    depth = getattr(_depth, "n", 0)
+    if connection.vendor != "mysql" or depth:
+        _depth.n = depth + 1
+        try:
+            yield
+        finally:
+            _depth.n = depth
+        return
+    set_sql, restore_sql, params = mysql_bound()
+    with connection.cursor() as cursor:
+        cursor.execute(set_sql, params)
+    _depth.n = 1
+    try:
+        yield
+    finally:
+        _depth.n = 0
+        _restore(restore_sql)
+
+
+def _restore(restore_sql: str) -> None:
+    """Set the session variables back. Never raises: the pools work is already done.
+
+    After a failure that broke the caller's transaction (a deadlock inside an outer
+    ``atomic``) Django refuses queries until that block ends, so the statement goes
+    through the driver's connection directly (session variables are not transactional).
+    A connection that is gone has no session left to restore.
+    """
+    raw = connection.connection
+    if raw is None:
+        return
+    try:
+        if connection.needs_rollback:
+            with raw.cursor() as cursor:
+                cursor.execute(restore_sql)
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute(restore_sql)
+    except DatabaseError as exc:  # pragma: no cover - the connection broke meanwhile
+        logger.warning("could not restore the session's lock timeouts: %s", exc)
+        connection.close_if_unusable_or_obsolete()
+    except Exception as exc:  # the raw driver's own error class  # pragma: no cover
+        logger.warning("could not restore the session's lock timeouts: %s", exc)
+
+
+@contextmanager
+def bounded_transaction() -> Iterator[None]:
+    """A transaction bounded by ``LOCK_TIMEOUT_SECONDS``; database errors propagate as such.
+
+    For callers that handle :class:`~django.db.DatabaseError` themselves (the lease
+    keeper's renewal). On MySQL/MariaDB the session variables are restored after it.
+    """
+    with _mysql_session_bound(), transaction.atomic():
+        set_bound()
+        yield
 
 
 @contextmanager
 def bounded(what: str) -> Iterator[None]:
     """A transaction bounded by ``LOCK_TIMEOUT_SECONDS`` (lock waits and each statement);
     errors as in :func:`unavailable_on_error`."""
-    with unavailable_on_error(what), transaction.atomic():
-        set_bound()
+    with unavailable_on_error(what), bounded_transaction():
         yield
+
+
+def update_by_primary_key(queryset: QuerySet[Any], **values: Any) -> int:
+    """``queryset.update(**values)`` that locks only the rows it changes (MySQL/MariaDB).
+
+    MariaDB's single-table ``UPDATE`` may read ``WHERE queue_id = 7 AND state = 'admitted'
+    AND token = 1`` through the ``(state, lease_expires_at)`` index instead of the primary
+    key. It then locks the index records of *other* entries in that state while it
+    scans, and two workers starting two different entries deadlock (error 1213, seen in
+    the contention proof). A ``SELECT ... FOR UPDATE`` with the same filter reads by
+    primary key (a constant lookup), and the ``UPDATE`` then names primary keys only.
+    One query more per update, on MySQL/MariaDB only (see ``QueueEntryQuerySet.update``).
+    """
+    db = connections[queryset.db]
+    guard = nullcontext() if db.in_atomic_block else transaction.atomic(using=queryset.db)
+    with guard:
+        pks = list(queryset.select_for_update().values_list("pk", flat=True))
+        if not pks:
+            return 0
+        rows = queryset.model._base_manager.using(queryset.db).filter(pk__in=pks)
+        return QuerySet.update(rows, **values)
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pools.models import Origin
+from pools.models import EntryState, Origin
 from pools.specs import PoolSpec
 
 #: ``reason`` of an entry whose Celery ``expires`` passed while it waited.
@@ -42,7 +42,7 @@ class Submission:
     #: Celery's ``expires``: the entry ends (as Celery ends an expired task) if still waiting.
     expires: datetime | None = None
     #: Where the call came from.
-    origin: str = Origin.CODE
+    origin: Origin = Origin.CODE
     #: Workflow ids.
     root_id: str = ""
     parent_id: str = ""
@@ -70,7 +70,7 @@ class Finished:
     entry_id: int
     key: str
     task_name: str
-    state: str
+    state: EntryState
     pool: str
     deadline: datetime | None
     options: dict[str, Any]

@@ -47,7 +47,7 @@ class LineItem:
     queue_id: int
     key: str
     task_name: str
-    state: str
+    state: EntryState
     priority: int
     slots: int
     #: 1-based place in the pool's line (waiting entries only).
@@ -119,7 +119,7 @@ def item(d: Demand, position: int | None = None, **extra: Any) -> LineItem:
         queue_id=e.queue_id,
         key=e.key,
         task_name=e.task_name,
-        state=e.state,
+        state=EntryState(e.state),  # the model field reads back a plain str
         priority=e.priority,
         slots=d.slots,
         position=position,
@@ -241,8 +241,8 @@ def _other_gates(names: Iterable[str], known: dict[str, _Gate]) -> dict[str, _Ga
         out[p.name] = _Gate(
             name=p.name,
             paused=p.paused,
-            free=max(explain.capacity(p) - p._held, 0),  # type: ignore[attr-defined]
-            first=p._first,  # type: ignore[attr-defined]
+            free=max(explain.capacity(p) - p._held, 0),
+            first=p._first,
         )
     return out
 

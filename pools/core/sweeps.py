@@ -127,7 +127,7 @@ def wake_at_next_lapse(now: datetime) -> datetime | None:
     )
     if first is None:
         return None
-    when = first[0] + LAPSE_MARGIN
+    when: datetime = first[0] + LAPSE_MARGIN
     dispatch.wake(sorted(first[1]), when)
     return when
 

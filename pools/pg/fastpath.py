@@ -37,8 +37,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
 
 from pools import conf, signals
-from pools.core.locking import BOUND, bound_params
-from pools.exceptions import PoolUnavailable
+from pools.core.locking import BOUND, bound_params, unavailable
 from pools.models import PoolEvent
 
 
@@ -189,7 +188,7 @@ def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
     except (IntegrityError, ProgrammingError):
         raise  # a bug or a missing migration, not an outage: do not disguise it
     except DatabaseError as exc:
-        raise PoolUnavailable(f"pool state is unavailable ({what}): {exc}".strip()) from exc
+        raise unavailable(what, exc) from exc
 
 
 class _Own(threading.local):
@@ -281,7 +280,7 @@ def _call_own(query: str, args: list[Any], what: str) -> Reply:
     except psycopg.Error as exc:
         if _own.conn is not None and (_own.conn.broken or _own.conn.closed):
             close_own_connection()
-        raise PoolUnavailable(f"pool state is unavailable ({what}): {exc}".strip()) from exc
+        raise unavailable(what, exc) from exc
 
 
 def jsonb(value: Any) -> str:

@@ -85,5 +85,6 @@ def held_for(entry: Any) -> float | None:
     """Seconds from admission to finish (or to now while held) of an entry."""
     if entry.admitted_at is None:
         return None
-    end = entry.finished_at or timezone.now()
-    return max((end - entry.admitted_at).total_seconds(), 0.0)
+    end: datetime = entry.finished_at or timezone.now()
+    admitted: datetime = entry.admitted_at
+    return max((end - admitted).total_seconds(), 0.0)

@@ -13,15 +13,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pytest_django import Settings
 
-from tests.acceptance.conftest import read_log, start_celery, stop_processes, wait_for
+from pools.celery import processes
+from pools.celery.processes import Process
+from tests.acceptance.conftest import StartWorkers, start_celery, wait_for
 
 #: Lease used by the fault tests; the heartbeat is a third of it (1 s).
 LEASE_SECONDS = 3.0
@@ -48,7 +50,7 @@ __all__ = [
 
 
 @pytest.fixture
-def short_leases(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+def short_leases(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> None:
     """LEASE_SECONDS=3 (heartbeat 1 s) and SWEEP_SECONDS=1 here and in workers started later."""
     monkeypatch.setenv("POOLS_LEASE_SECONDS", str(LEASE_SECONDS))
     monkeypatch.setenv("POOLS_SWEEP_SECONDS", str(SWEEP_SECONDS))
@@ -69,12 +71,10 @@ def shared_dir(tmp_path: Path) -> Path:
 class Beat:
     """One ``celery beat`` subprocess."""
 
-    proc: subprocess.Popen[bytes]
-    log: Path
-    _log_file: Any = field(repr=False, default=None)
+    process: Process
 
     def log_text(self) -> str:
-        return read_log(self.log)
+        return self.process.log_text()
 
     def sweeps_sent(self) -> int:
         """How many ``pools: sweep`` messages beat has sent so far."""
@@ -83,7 +83,7 @@ class Beat:
 
 @pytest.fixture
 def celery_beat(
-    request: pytest.FixtureRequest, tmp_path: Path, celery_workers: Any
+    request: pytest.FixtureRequest, tmp_path: Path, celery_workers: StartWorkers
 ) -> Iterator[Callable[[], Beat]]:
     """Factory: start a real beat (DatabaseScheduler) once the sweep schedule is checked.
 
@@ -108,7 +108,7 @@ def celery_beat(
             IntervalSchedule.SECONDS,
         )
         log = tmp_path / f"beat-{len(started) + 1}.log"
-        proc, log_file = start_celery(
+        process = start_celery(
             request,
             [
                 "beat",
@@ -121,13 +121,14 @@ def celery_beat(
             ],
             cwd=tmp_path,  # nothing beat writes lands in the repository
             log=log,
+            name=f"beat-{len(started) + 1}",
         )
-        handle = Beat(proc=proc, log=log, _log_file=log_file)
+        handle = Beat(process)
         started.append(handle)
 
         def first_sweep_sent() -> bool:
-            if proc.poll() is not None:
-                pytest.fail(f"beat exited with {proc.returncode}:\n{handle.log_text()[-5000:]}")
+            if not process.alive():
+                pytest.fail(f"beat exited with {process.returncode}:\n{handle.log_text()[-5000:]}")
             return handle.sweeps_sent() > 0
 
         wait_for(first_sweep_sent, BEAT_START_TIMEOUT, "beat to send its first sweep", 0.2)
@@ -135,7 +136,7 @@ def celery_beat(
 
     yield start
 
-    stop_processes(started, BEAT_STOP_TIMEOUT)
+    processes.stop([b.process for b in started], BEAT_STOP_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- recorder

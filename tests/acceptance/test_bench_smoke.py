@@ -17,6 +17,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
+from pytest_django import Settings
 
 from pools.models import Pool, QueueEntry
 from tests.conftest import IN_CI
@@ -38,7 +39,9 @@ def _need_redis() -> None:
 @pytest.mark.redis
 @pytest.mark.acceptance
 @pytest.mark.django_db(transaction=True)
-def test_bench_smoke__counts_every_task_and_cleans_up(tmp_path: Path, monkeypatch, settings):
+def test_bench_smoke__counts_every_task_and_cleans_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Settings
+) -> None:
     _need_redis()
     import redis
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from celery.exceptions import MaxRetriesExceededError
@@ -19,10 +21,11 @@ from celery.exceptions import MaxRetriesExceededError
 from pools.core import events
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
 from tests.acceptance import faults_support
-from tests.acceptance.conftest import WORKER_TEST_MARKS
+from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import (
     LEASE_SECONDS,
     SWEEP_SECONDS,
+    Beat,
     intervals,
     max_overlap,
     read_notes,
@@ -52,7 +55,8 @@ MARGIN = 4.0
 TIMEOUT = 60
 
 
-def ts(value: datetime) -> float:
+def ts(value: datetime | None) -> float:
+    assert value is not None, "a time that must be set is missing"
     return value.timestamp()
 
 
@@ -63,7 +67,7 @@ def entries_of(key: str) -> list[tuple[int, str]]:
     )
 
 
-def wait_entries(key: str, expected: list[tuple[int, str]], timeout: float = 30) -> None:
+def wait_entries(key: str, expected: Sequence[tuple[int, str]], timeout: float = 30) -> None:
     wait_for(lambda: entries_of(key) == expected, timeout, f"entries of {key} to be {expected}")
 
 
@@ -71,8 +75,11 @@ def wait_entries(key: str, expected: list[tuple[int, str]], timeout: float = 30)
 
 
 def test_faults__sigkilled_worker_claims_return_through_the_beat_sweep(
-    short_leases, celery_workers, celery_beat, shared_dir
-):
+    short_leases: None,
+    celery_workers: StartWorkers,
+    celery_beat: Callable[[], Beat],
+    shared_dir: Path,
+) -> None:
     """Kill -9 a worker running two pooled bodies of a 2-slot pool (lease 3 s, sweep 1 s).
 
     The real beat's sweep must requeue both entries once their leases lapse and admit them
@@ -188,8 +195,8 @@ def test_faults__sigkilled_worker_claims_return_through_the_beat_sweep(
 
 
 def test_faults__killed_pool_process_is_requeued_without_waiting_for_the_lease(
-    celery_workers, shared_dir
-):
+    celery_workers: StartWorkers, shared_dir: Path
+) -> None:
     """SIGKILL one prefork child running a pooled body (default 30 s lease, no beat).
 
     The worker's main process reports ``WorkerLostError``; the entry must go back in line
@@ -230,8 +237,8 @@ def test_faults__killed_pool_process_is_requeued_without_waiting_for_the_lease(
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_faults__partitioned_body_gets_lease_lost_before_the_lease_lapses(
-    pool, short_leases, celery_workers, shared_dir
-):
+    pool: str, short_leases: None, celery_workers: StartWorkers, shared_dir: Path
+) -> None:
     """A body whose process cannot renew (``simulate_partition``) is stopped with ``LeaseLost``.
 
     Lease 3 s, heartbeat 1 s. The first attempt loops for three leases; the keeper must
@@ -286,8 +293,11 @@ def test_faults__partitioned_body_gets_lease_lost_before_the_lease_lapses(
 
 
 def test_faults__retry_waits_in_line_without_consuming_attempts(
-    short_leases, celery_workers, celery_beat, shared_dir
-):
+    short_leases: None,
+    celery_workers: StartWorkers,
+    celery_beat: Callable[[], Beat],
+    shared_dir: Path,
+) -> None:
     """``self.retry(countdown=0.2)`` re-enters the pool as attempt 1 and waits behind a holder.
 
     Lease 3 s, sweep 1 s (the real beat). While the holder keeps the 1-slot pool busy for
@@ -332,8 +342,11 @@ def test_faults__retry_waits_in_line_without_consuming_attempts(
 
 
 def test_faults__retry_exhaustion_fails_like_plain_celery(
-    short_leases, celery_workers, celery_beat, shared_dir
-):
+    short_leases: None,
+    celery_workers: StartWorkers,
+    celery_beat: Callable[[], Beat],
+    shared_dir: Path,
+) -> None:
     """``max_retries=2`` exhausted: FAILURE with the ``exc`` given to ``retry`` or
     ``MaxRetriesExceededError``, after attempts 0, 1 (retried) and 2 (failed).
 

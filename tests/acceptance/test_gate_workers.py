@@ -11,7 +11,7 @@ from celery.result import AsyncResult
 from pools import snapshot
 from pools.core import definitions
 from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
-from tests.acceptance.conftest import WORKER_TEST_MARKS
+from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import max_overlap
 from tests.testapp.tasks import ACCEPT_POOL, free_span, span
 
@@ -22,7 +22,7 @@ TASKS = 200
 RESULT_TIMEOUT = 120
 
 
-def test_max_overlap__counts_intervals_covering_one_instant():
+def test_max_overlap__counts_intervals_covering_one_instant() -> None:
     assert max_overlap([]) == 0
     assert max_overlap([(0, 1), (1, 2), (2, 3)]) == 1
     assert max_overlap([(0, 3), (1, 4), (2, 5), (2.5, 2.6)]) == 4
@@ -42,7 +42,9 @@ def held_now(name: str) -> int:
     return snapshot(name).held
 
 
-def test_workers__three_slot_pool_admits_by_priority_and_never_overlaps(celery_workers):
+def test_workers__three_slot_pool_admits_by_priority_and_never_overlaps(
+    celery_workers: StartWorkers,
+) -> None:
     workers = celery_workers(count=2, concurrency=4)
     names = {w.name for w in workers}
 
@@ -59,7 +61,7 @@ def test_workers__three_slot_pool_admits_by_priority_and_never_overlaps(celery_w
     priorities: dict[str, int] = {}
     for i in range(TASKS):
         priority = rnd.randint(0, 9)
-        result = span.apply_async((i,), {"sleep": 0.03}, pool_options={"priority": priority})
+        result = span.apply_async((i,), {"sleep": 0.03}, pool_options={"priority": priority})  # type: ignore[call-arg]  # celery-types: no **options
         results.append(result)
         priorities[result.id] = priority
 
@@ -129,7 +131,7 @@ def test_workers__three_slot_pool_admits_by_priority_and_never_overlaps(celery_w
     ).exists()
 
 
-def test_workers__fast_path_under_load_never_overlaps(celery_workers):
+def test_workers__fast_path_under_load_never_overlaps(celery_workers: StartWorkers) -> None:
     """No pause: submissions race the workers' settles; the pool still never overflows."""
     workers = celery_workers(count=2, concurrency=4)
     Pool.objects.create(name=ACCEPT_POOL, slots=SLOTS)

@@ -22,7 +22,7 @@ import pools
 from pools import QueueTimeout, testing
 from pools.models import Demand, EntryState, Pool, QueueEntry
 from tests.acceptance import faults_support
-from tests.acceptance.conftest import WORKER_TEST_MARKS
+from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import read_notes, wait_for, wait_notes
 from tests.testapp.fault_tasks import (
     RESULTS_POOL,
@@ -63,7 +63,7 @@ class Holder:
 
 
 @pytest.fixture
-def holder(celery_workers, shared_dir: Path) -> Holder:
+def holder(celery_workers: StartWorkers, shared_dir: Path) -> Holder:
     """One worker, a 1-slot pool, and a running task holding it."""
     Pool.objects.create(name=RESULTS_POOL, slots=1)
     celery_workers(count=1, concurrency=2)
@@ -99,9 +99,11 @@ def never_started(*keys: str) -> None:
     )
 
 
-def test_results__expired_entry_fails_with_queue_timeout_and_calls_link_error(holder, shared_dir):
+def test_results__expired_entry_fails_with_queue_timeout_and_calls_link_error(
+    holder: Holder, shared_dir: Path
+) -> None:
     where = str(shared_dir)
-    waiter = queued_member.apply_async(
+    waiter = queued_member.apply_async(  # type: ignore[call-arg]  # celery-types: no **options
         (where, 1),
         pool_options={"queue_timeout": QUEUE_TIMEOUT},
         link_error=[note_errback.s(where=where), note_errback_inline.s(where=where)],
@@ -133,8 +135,8 @@ def test_results__expired_entry_fails_with_queue_timeout_and_calls_link_error(ho
 
 
 def test_results__cancelled_or_revoked_waiting_entry_is_revoked_and_calls_link_error(
-    holder, shared_dir
-):
+    holder: Holder, shared_dir: Path
+) -> None:
     where = str(shared_dir)
     cancelled = queued_member.apply_async((where, 1), link_error=note_errback.s(where=where))
     revoked = queued_member.apply_async((where, 2), link_error=note_errback.s(where=where))
@@ -167,9 +169,13 @@ def test_results__cancelled_or_revoked_waiting_entry_is_revoked_and_calls_link_e
     assert Demand.objects.held_slots(pool.pk) == 0
 
 
-def test_results__chord_with_an_expired_header_member_fails_instead_of_hanging(holder, shared_dir):
+def test_results__chord_with_an_expired_header_member_fails_instead_of_hanging(
+    holder: Holder, shared_dir: Path
+) -> None:
     where = str(shared_dir)
-    member = queued_member.s(where, 1).set(pool_options={"queue_timeout": QUEUE_TIMEOUT})
+    member = queued_member.s(where, 1).set(
+        pool_options={"queue_timeout": QUEUE_TIMEOUT}  # type: ignore[call-arg]  # as above
+    )
     result = chord([member, plain_echo.s(2)], collect.s()).apply_async()
     (entry,) = QueueEntry.objects.filter(task_name=queued_member.name)
     assert entry.state == EntryState.WAITING

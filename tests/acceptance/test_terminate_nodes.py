@@ -7,9 +7,9 @@ from pathlib import Path
 import pools
 from pools.models import EntryState, QueueEntry, WorkerNode
 from tests.acceptance import faults_support
-from tests.acceptance.conftest import WORKER_TEST_MARKS
+from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import wait_for
-from tests.acceptance.test_results import TIMEOUT, holder  # noqa: F401  (fixture)
+from tests.acceptance.test_results import TIMEOUT, Holder, holder  # noqa: F401  (fixture)
 from tests.testapp.fault_tasks import queued_member
 
 pytestmark = WORKER_TEST_MARKS
@@ -17,7 +17,10 @@ pytestmark = WORKER_TEST_MARKS
 shared_dir = faults_support.shared_dir
 
 
-def test_cancel_terminate__stops_running_task_and_frees_its_slots(holder, shared_dir: Path):  # noqa: F811
+def test_cancel_terminate__stops_running_task_and_frees_its_slots(
+    holder: Holder,  # noqa: F811  (the fixture imported above)
+    shared_dir: Path,
+) -> None:
     waiter = queued_member.delay(str(shared_dir), 7)
     assert QueueEntry.objects.get(key=waiter.id).state == EntryState.WAITING
 
@@ -31,7 +34,7 @@ def test_cancel_terminate__stops_running_task_and_frees_its_slots(holder, shared
     assert (stopped.state, stopped.reason) == (EntryState.CANCELLED, "revoked")
 
 
-def test_worker_nodes__each_worker_records_a_heartbeat(celery_workers):
+def test_worker_nodes__each_worker_records_a_heartbeat(celery_workers: StartWorkers) -> None:
     workers = celery_workers(count=2, concurrency=1)
     names = {w.name for w in workers}
     wait_for(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from celery.result import AsyncResult
 from celery.utils import uuid
@@ -15,7 +16,8 @@ from celery.utils import uuid
 from pools.celery import gate
 from pools.core import events as pool_events
 from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
-from tests.acceptance.conftest import WORKER_TEST_MARKS, wait_for
+from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
+from tests.bridge import RecordingBridge
 from tests.celery_app import app
 from tests.testapp.tasks import noted
 
@@ -42,10 +44,11 @@ def runs(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def send_around_gate(name: str, args: list, **options) -> AsyncResult:
+def send_around_gate(name: str, args: list[Any], **options: Any) -> AsyncResult[Any]:
     """Publish with Celery's own ``send_task``, as a process without the gate would."""
     assert gate._original_send_task is not None
-    return gate._original_send_task(app, name, args, {}, **options)
+    result: AsyncResult[Any] = gate._original_send_task(app, name, args, {}, **options)
+    return result
 
 
 def wait_settled(key: str) -> QueueEntry:
@@ -57,7 +60,9 @@ def wait_settled(key: str) -> QueueEntry:
     return entry
 
 
-def test_worker__message_without_claim_is_put_in_line_then_run_once(celery_workers, tmp_path):
+def test_worker__message_without_claim_is_put_in_line_then_run_once(
+    celery_workers: StartWorkers, tmp_path: Path
+) -> None:
     workers = celery_workers(count=2, concurrency=2)
     path = tmp_path / "runs.jsonl"
     key = uuid()
@@ -81,8 +86,8 @@ def test_worker__message_without_claim_is_put_in_line_then_run_once(celery_worke
 
 
 def test_worker__duplicate_delivery_of_admitted_message_runs_body_once(
-    celery_workers, recorder, tmp_path
-):
+    celery_workers: StartWorkers, recorder: RecordingBridge, tmp_path: Path
+) -> None:
     workers = celery_workers(count=2, concurrency=2)
     path = tmp_path / "runs.jsonl"
     # The test process records admissions instead of publishing them, so the entry is
@@ -110,7 +115,9 @@ def test_worker__duplicate_delivery_of_admitted_message_runs_body_once(
     assert [r["token"] for r in runs(path)] == [admitted.token]
 
 
-def test_worker__redelivery_after_settle_is_skipped(celery_workers, tmp_path):
+def test_worker__redelivery_after_settle_is_skipped(
+    celery_workers: StartWorkers, tmp_path: Path
+) -> None:
     """A stale claim (the entry already ran and settled) never runs the body again."""
     celery_workers(count=1, concurrency=2)
     path = tmp_path / "runs.jsonl"

@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 
 from pools.core import admission, leases
 from pools.models import EntryState, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.browser.conftest import login, screenshot
 from tests.factories import make_pool, submit
 
@@ -30,7 +31,7 @@ def _card_numbers(page: Any, pool: str) -> dict[str, int]:
 
 
 @pytest.fixture
-def queue(recorder):
+def queue(recorder: RecordingBridge) -> RecordingBridge:
     make_pool("warehouse", 3)
     make_pool("partner-api", 1)
     for i in range(3):
@@ -45,8 +46,8 @@ def queue(recorder):
 
 
 def test_card__refreshes_in_place_and_cancels_after_confirmation(
-    page_factory, admin_user: User, queue
-):
+    page_factory: Any, admin_user: User, queue: RecordingBridge
+) -> None:
     page = page_factory()
     login(page, admin_user)
     assert _card_numbers(page, "warehouse") == {"held": 3, "waiting": 4}
@@ -83,7 +84,9 @@ def test_card__refreshes_in_place_and_cancels_after_confirmation(
     screenshot(page, "card-after-cancel", full_page=True)
 
 
-def test_card__shows_the_pools_refusal(page_factory, admin_user: User, queue):
+def test_card__shows_the_pools_refusal(
+    page_factory: Any, admin_user: User, queue: RecordingBridge
+) -> None:
     page = page_factory()
     login(page, admin_user)
     # partner-api's head (api-1) is admitted after the card was drawn: cancel is refused.
@@ -100,7 +103,9 @@ def test_card__shows_the_pools_refusal(page_factory, admin_user: User, queue):
     )
 
 
-def test_card_and_panel__keyboard_and_dark_mode(page_factory, admin_user: User, queue):
+def test_card_and_panel__keyboard_and_dark_mode(
+    page_factory: Any, admin_user: User, queue: RecordingBridge
+) -> None:
     page = page_factory(color_scheme="dark")
     login(page, admin_user)
     # Dark mode: the card uses the admin's variables (dark body, light text).

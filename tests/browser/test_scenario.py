@@ -76,7 +76,7 @@ def test_operator_scenario__card_matches_api_cancel_from_card_run_panel_timeline
         30,
         "the first wave of the chord (2 of 4) to run",
     )
-    victim = slow_add.apply_async((100, 0, 0.0), pool_options={"priority": -1})
+    victim = slow_add.apply_async((100, 0, 0.0), pool_options={"priority": -1})  # type: ignore[call-arg]  # celery-types: no **options
 
     page = page_factory()
     login(page, admin_user)

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from django.test.client import (
+        _MonkeyPatchedWSGIResponse,  # the test client's response type (stubs)
+    )
+
 import re
 
 import pytest
@@ -12,6 +19,7 @@ from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from pools.models import EntryState, EventKind, Origin, Pool, PoolEvent, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.factories import make_pool, submit
 from tests.integration.admin_support import ADMIN_APPS
 from tests.testapp.tasks import add, free_span
@@ -19,7 +27,9 @@ from tests.testapp.tasks import add, free_span
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=ADMIN_APPS)
 
 
-def _action(client: Client, model: str, action: str, pks: list[int], **extra: str):
+def _action(
+    client: Client, model: str, action: str, pks: list[int], **extra: str
+) -> _MonkeyPatchedWSGIResponse:
     return client.post(
         reverse(f"admin:pools_{model}_changelist"),
         {"action": action, "_selected_action": [str(pk) for pk in pks], **extra},
@@ -28,7 +38,7 @@ def _action(client: Client, model: str, action: str, pks: list[int], **extra: st
 
 
 @pytest.fixture
-def line(recorder):
+def line(recorder: RecordingBridge) -> RecordingBridge:
     make_pool("wh", 1)
     submit("wh", key="holder")
     submit("wh", key="w1", priority=3)
@@ -36,7 +46,9 @@ def line(recorder):
     return recorder
 
 
-def test_pool_admin__list_shows_capacity_held_waiting_paused(admin_client: Client, line):
+def test_pool_admin__list_shows_capacity_held_waiting_paused(
+    admin_client: Client, line: RecordingBridge
+) -> None:
     html = admin_client.get(reverse("admin:pools_pool_changelist")).content.decode()
     row = html[html.index(">wh<") :]
     row = row[: row.index("</tr>")]
@@ -46,7 +58,9 @@ def test_pool_admin__list_shows_capacity_held_waiting_paused(admin_client: Clien
     assert "/admin/pools/pool/occupancy/wh/" in row
 
 
-def test_pool_admin__pause_and_resume_go_through_the_service(admin_client: Client, line):
+def test_pool_admin__pause_and_resume_go_through_the_service(
+    admin_client: Client, line: RecordingBridge
+) -> None:
     pool = Pool.objects.get(name="wh")
     response = _action(admin_client, "pool", "pause_pools", [pool.pk])
     assert "Paused wh." in response.content.decode()
@@ -67,7 +81,9 @@ def test_pool_admin__pause_and_resume_go_through_the_service(admin_client: Clien
     assert QueueEntry.objects.get(key="w1").state == EntryState.ADMITTED
 
 
-def test_entry_admin__filters_by_pool_state_task_origin_and_searches(admin_client: Client, line):
+def test_entry_admin__filters_by_pool_state_task_origin_and_searches(
+    admin_client: Client, line: RecordingBridge
+) -> None:
     make_pool("other", 1)
     submit("other", key="elsewhere", origin=Origin.MANUAL)
     url = reverse("admin:pools_queueentry_changelist")
@@ -91,7 +107,9 @@ def test_entry_admin__filters_by_pool_state_task_origin_and_searches(admin_clien
     assert keys("?task_name=tests.fake") == {"holder", "w1", "w2", "elsewhere"}
 
 
-def test_entry_admin__detail_is_read_only_and_says_why_it_waits(admin_client: Client, line):
+def test_entry_admin__detail_is_read_only_and_says_why_it_waits(
+    admin_client: Client, line: RecordingBridge
+) -> None:
     entry = QueueEntry.objects.get(key="w2")
     html = admin_client.get(
         reverse("admin:pools_queueentry_change", args=[entry.queue_id])
@@ -101,13 +119,17 @@ def test_entry_admin__detail_is_read_only_and_says_why_it_waits(admin_client: Cl
     assert "Position 2." in html
     assert 'name="_save"' not in html and "deletelink" not in html
     assert f"/admin/pools/queueentry/{entry.queue_id}/panel/" in html
-    assert admin_client.post(
-        reverse("admin:pools_queueentry_change", args=[entry.queue_id]), {}
-    ).status_code in (302, 200)
+    # Read-only: a POST of the form is refused (rows change only through the services).
+    assert (
+        admin_client.post(
+            reverse("admin:pools_queueentry_change", args=[entry.queue_id]), {}
+        ).status_code
+        == 405
+    )
     assert QueueEntry.objects.get(key="w2").state == EntryState.WAITING
 
 
-def test_entry_admin__cancel_actions(admin_client: Client, line):
+def test_entry_admin__cancel_actions(admin_client: Client, line: RecordingBridge) -> None:
     ids = dict(QueueEntry.objects.values_list("key", "queue_id"))
     response = _action(admin_client, "queueentry", "cancel_entries", [ids["w2"], ids["holder"]])
     html = response.content.decode()
@@ -120,7 +142,7 @@ def test_entry_admin__cancel_actions(admin_client: Client, line):
     assert line.terminated == ["holder"]
 
 
-def test_entry_admin__cancel_needs_change_permission(line):
+def test_entry_admin__cancel_needs_change_permission(line: RecordingBridge) -> None:
     user = User.objects.create_user("viewer", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_queueentry"))
     client = Client()
@@ -133,7 +155,7 @@ def test_entry_admin__cancel_needs_change_permission(line):
     assert QueueEntry.objects.get(key="w1").state == EntryState.WAITING
 
 
-def test_entry_admin__no_add_no_delete(admin_client: Client, line):
+def test_entry_admin__no_add_no_delete(admin_client: Client, line: RecordingBridge) -> None:
     assert admin_client.get(reverse("admin:pools_queueentry_add")).status_code == 403
     html = admin_client.get(reverse("admin:pools_queueentry_changelist")).content.decode()
     assert "delete_selected" not in html
@@ -143,7 +165,7 @@ def test_entry_admin__no_add_no_delete(admin_client: Client, line):
 
 
 @pytest.fixture
-def jobs(recorder):
+def jobs(recorder: RecordingBridge) -> dict[str, PeriodicTask]:
     make_pool("warehouse", 1, max_queued=1)
     every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.HOURS)
     return {
@@ -169,7 +191,7 @@ def _run_now(client: Client, *jobs: PeriodicTask) -> str:
     return response.content.decode()
 
 
-def test_run_now__is_on_the_periodic_task_admin():
+def test_run_now__is_on_the_periodic_task_admin() -> None:
     from django_celery_beat.admin import PeriodicTaskAdmin
 
     registered = admin.site._registry[PeriodicTask]
@@ -177,7 +199,9 @@ def test_run_now__is_on_the_periodic_task_admin():
     assert isinstance(registered, PeriodicTaskAdmin)  # beat's own admin, one action more
 
 
-def test_run_now__queued_position_and_refusal(admin_client: Client, jobs):
+def test_run_now__queued_position_and_refusal(
+    admin_client: Client, jobs: dict[str, PeriodicTask]
+) -> None:
     html = _run_now(admin_client, jobs["first add"])
     first = QueueEntry.objects.get(origin=Origin.MANUAL, args=[1, 2])
     assert (
@@ -192,13 +216,15 @@ def test_run_now__queued_position_and_refusal(admin_client: Client, jobs):
     assert not QueueEntry.objects.filter(args=[5, 6]).exists()
 
 
-def test_run_now__unpooled_job_is_sent_as_is(admin_client: Client, jobs):
+def test_run_now__unpooled_job_is_sent_as_is(
+    admin_client: Client, jobs: dict[str, PeriodicTask]
+) -> None:
     html = _run_now(admin_client, jobs["plain"])
     assert "Plain: sent to Celery (not pooled), task id " in html
     assert not QueueEntry.objects.filter(origin=Origin.MANUAL).exists()
 
 
-def test_run_now__needs_change_permission_on_periodic_tasks(jobs):
+def test_run_now__needs_change_permission_on_periodic_tasks(jobs: dict[str, PeriodicTask]) -> None:
     user = User.objects.create_user("viewer", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_periodictask"))
     client = Client()

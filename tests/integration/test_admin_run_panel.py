@@ -9,11 +9,13 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
+from pytest_django import DjangoAssertNumQueries
 
 from pools.core import admission, leases
 from pools.models import QueueEntry
 from pools_admin import timeline
 from pools_admin.timeline import Hold
+from tests.bridge import RecordingBridge
 from tests.factories import make_pool, submit
 from tests.integration.admin_support import ADMIN_APPS
 
@@ -22,13 +24,13 @@ pytestmark = pytest.mark.django_db(transaction=True, available_apps=ADMIN_APPS)
 ROOT = "root-1"
 
 
-def _finish(rec, key: str, outcome: str = "succeeded") -> None:
+def _finish(rec: RecordingBridge, key: str, outcome: str = "succeeded") -> None:
     adm = next(a for a in rec.admissions if a.key == key)
     assert admission.settle(adm.entry_id, adm.token, outcome)
 
 
 @pytest.fixture
-def run(recorder):
+def run(recorder: RecordingBridge) -> RecordingBridge:
     """A run of five tasks on ``wh`` (2 slots) and ``api`` (1): done, running, waiting."""
     make_pool("wh", 2)
     make_pool("api", 1)
@@ -43,7 +45,9 @@ def run(recorder):
     return recorder
 
 
-def test_run_panel__lists_every_task_with_state_pools_position_and_why(admin_client: Client, run):
+def test_run_panel__lists_every_task_with_state_pools_position_and_why(
+    admin_client: Client, run: RecordingBridge
+) -> None:
     response = admin_client.get(reverse("admin:pools_queueentry_run", args=[ROOT]))
     assert response.status_code == 200
     html = response.content.decode()
@@ -77,7 +81,9 @@ def test_run_panel__lists_every_task_with_state_pools_position_and_why(admin_cli
     assert "succeeded" in finished
 
 
-def test_run_panel__timelines_of_its_pools_with_titles(admin_client: Client, run):
+def test_run_panel__timelines_of_its_pools_with_titles(
+    admin_client: Client, run: RecordingBridge
+) -> None:
     html = admin_client.get(reverse("admin:pools_queueentry_run", args=[ROOT])).content.decode()
     assert 'data-timeline-pool="api"' in html and 'data-timeline-pool="wh"' in html
     wh = html[html.index('data-timeline-pool="wh"') :]
@@ -97,7 +103,7 @@ def test_run_panel__timelines_of_its_pools_with_titles(admin_client: Client, run
     )
 
 
-def test_run_panel__window_is_selectable(admin_client: Client, run):
+def test_run_panel__window_is_selectable(admin_client: Client, run: RecordingBridge) -> None:
     url = reverse("admin:pools_queueentry_run", args=[ROOT])
     html = admin_client.get(url + "?window=1h").content.decode()
     assert '<a href="?window=1h" aria-current="true">1h</a>' in html
@@ -106,8 +112,10 @@ def test_run_panel__window_is_selectable(admin_client: Client, run):
 
 
 def test_run_panel__bounded_queries_whatever_the_run_size(
-    admin_client: Client, run, django_assert_max_num_queries
-):
+    admin_client: Client,
+    run: RecordingBridge,
+    django_assert_max_num_queries: DjangoAssertNumQueries,
+) -> None:
     url = reverse("admin:pools_queueentry_run", args=[ROOT])
     admin_client.get(url)
     with django_assert_max_num_queries(30) as ctx:
@@ -121,7 +129,9 @@ def test_run_panel__bounded_queries_whatever_the_run_size(
     assert len(ctx.captured_queries) == few
 
 
-def test_entry_panel__focuses_the_entry_in_its_run(admin_client: Client, run):
+def test_entry_panel__focuses_the_entry_in_its_run(
+    admin_client: Client, run: RecordingBridge
+) -> None:
     entry = QueueEntry.objects.get(key="child-2")
     response = admin_client.get(reverse("admin:pools_queueentry_panel", args=[entry.queue_id]))
     assert response.status_code == 200
@@ -135,7 +145,9 @@ def test_entry_panel__focuses_the_entry_in_its_run(admin_client: Client, run):
     assert html.count('data-state="') == 1  # not part of a workflow: itself only
 
 
-def test_run_panel__unknown_run_is_404_and_needs_permission(admin_client: Client, run, client):
+def test_run_panel__unknown_run_is_404_and_needs_permission(
+    admin_client: Client, run: RecordingBridge, client: Client
+) -> None:
     assert admin_client.get(reverse("admin:pools_queueentry_run", args=["nope"])).status_code == 404
     assert (
         admin_client.get(reverse("admin:pools_queueentry_panel", args=[999999])).status_code == 404
@@ -144,7 +156,9 @@ def test_run_panel__unknown_run_is_404_and_needs_permission(admin_client: Client
     assert anonymous.status_code == 302 and "/admin/login/" in anonymous["Location"]
 
 
-def test_pool_page__timeline_and_recent_terminal_entries(admin_client: Client, run):
+def test_pool_page__timeline_and_recent_terminal_entries(
+    admin_client: Client, run: RecordingBridge
+) -> None:
     response = admin_client.get(reverse("admin:pools_pool_occupancy", args=["wh"]))
     assert response.status_code == 200
     html = response.content.decode()
@@ -170,7 +184,7 @@ def _hold(i: int, start: int, end: int | None, slots: int = 1) -> Hold:
     )
 
 
-def test_timeline__overlapping_holders_never_share_a_lane():
+def test_timeline__overlapping_holders_never_share_a_lane() -> None:
     import random
 
     rng = random.Random(7)
@@ -193,11 +207,11 @@ def test_timeline__overlapping_holders_never_share_a_lane():
     assert len(line.bars) == len(holds)
 
 
-def test_timeline__multi_slot_holder_takes_distinct_lanes():
+def test_timeline__multi_slot_holder_takes_distinct_lanes() -> None:
     holds = [_hold(1, 0, 100, slots=2), _hold(2, 10, 50), _hold(3, 60, None)]
     now = timezone.now()
     line = timeline.layout("p", 3, holds, start=now - timedelta(minutes=15), end=now)
-    lanes = {}
+    lanes: dict[int, list[int]] = {}
     for bar in line.bars:
         lanes.setdefault(bar.hold.queue_id, []).append(bar.lane)
     assert sorted(lanes[1]) == [0, 1] and lanes[2] == [2] and lanes[3] == [2]
@@ -205,7 +219,7 @@ def test_timeline__multi_slot_holder_takes_distinct_lanes():
     assert [b.ongoing for b in line.bars if b.hold.queue_id == 3] == [True]
 
 
-def test_timeline__more_overlap_than_capacity_gets_flagged_lanes():
+def test_timeline__more_overlap_than_capacity_gets_flagged_lanes() -> None:
     holds = [_hold(1, 0, 100), _hold(2, 10, 90)]
     now = timezone.now()
     line = timeline.layout("p", 1, holds, start=now - timedelta(minutes=15), end=now)
@@ -214,7 +228,7 @@ def test_timeline__more_overlap_than_capacity_gets_flagged_lanes():
     assert timeline.overlaps(line.bars) == []
 
 
-def test_timeline__sabotaged_layout_is_caught_by_the_overlap_check():
+def test_timeline__sabotaged_layout_is_caught_by_the_overlap_check() -> None:
     """The check above can fail: two overlapping holds forced onto one lane are reported."""
     holds = [_hold(1, 0, 100), _hold(2, 10, 90)]
     now = timezone.now()

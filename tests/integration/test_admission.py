@@ -17,6 +17,7 @@ from pools.exceptions import (
     UnknownPool,
 )
 from pools.models import Demand, EntryState, Pool, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -26,7 +27,7 @@ pytestmark = [
 ]
 
 
-def finish(rec, key: str, outcome: str = "succeeded") -> bool:
+def finish(rec: RecordingBridge, key: str, outcome: str = "succeeded") -> bool:
     adm = next(a for a in rec.admissions if a.key == key)
     return admission.settle(adm.entry_id, adm.token, outcome)
 
@@ -35,7 +36,7 @@ def held(pool: str) -> int:
     return sum(d.slots for d in Demand.objects.held().filter(pool__name=pool))
 
 
-def test_enqueue__fast_path_admits_when_free(recorder):
+def test_enqueue__fast_path_admits_when_free(recorder: RecordingBridge) -> None:
     make_pool("p", 2)
     assert submit(key="a").admitted
     assert submit(key="b").admitted
@@ -45,7 +46,7 @@ def test_enqueue__fast_path_admits_when_free(recorder):
     assert QueueEntry.objects.get(key="c").state == EntryState.WAITING
 
 
-def test_settle__admits_next_in_priority_then_fifo_order(recorder):
+def test_settle__admits_next_in_priority_then_fifo_order(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="run")
     submit(key="low", priority=0)
@@ -59,7 +60,7 @@ def test_settle__admits_next_in_priority_then_fifo_order(recorder):
     assert order == ["run", "high", "high2", "low", "low2"]
 
 
-def test_head_of_line__big_head_blocks_smaller_entries_behind_it(recorder):
+def test_head_of_line__big_head_blocks_smaller_entries_behind_it(recorder: RecordingBridge) -> None:
     make_pool("p", 3)
     submit(key="one", slots=1)
     submit(key="two", slots=2)
@@ -74,7 +75,7 @@ def test_head_of_line__big_head_blocks_smaller_entries_behind_it(recorder):
     assert recorder.keys()[-1] == "small"
 
 
-def test_multi_pool__acquires_all_or_nothing(recorder):
+def test_multi_pool__acquires_all_or_nothing(recorder: RecordingBridge) -> None:
     make_pool("a", 1)
     make_pool("b", 1)
     submit("a", key="hold-a")
@@ -91,7 +92,7 @@ def test_multi_pool__acquires_all_or_nothing(recorder):
     assert recorder.keys()[-1] == "only-b"
 
 
-def test_multi_pool__separate_pools_progress_independently(recorder):
+def test_multi_pool__separate_pools_progress_independently(recorder: RecordingBridge) -> None:
     make_pool("a", 1)
     make_pool("b", 1)
     submit("a", key="a1")
@@ -100,7 +101,9 @@ def test_multi_pool__separate_pools_progress_independently(recorder):
     assert recorder.keys() == ["a1", "b1"]
 
 
-def test_not_before__future_entry_is_out_of_line_and_blocks_nothing(recorder):
+def test_not_before__future_entry_is_out_of_line_and_blocks_nothing(
+    recorder: RecordingBridge,
+) -> None:
     make_pool("p", 1)
     submit(key="eta", not_before=timezone.now() + timedelta(hours=1), priority=9)
     assert submit(key="now").admitted, "an entry not yet due blocks nothing behind it"
@@ -109,7 +112,7 @@ def test_not_before__future_entry_is_out_of_line_and_blocks_nothing(recorder):
     assert QueueEntry.objects.get(key="eta").state == EntryState.WAITING
 
 
-def test_not_before__due_entry_joins_line_as_if_sent_then(recorder):
+def test_not_before__due_entry_joins_line_as_if_sent_then(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="run")
     submit(key="early")
@@ -125,7 +128,7 @@ def test_not_before__due_entry_joins_line_as_if_sent_then(recorder):
     assert order == ["run", "early", "eta", "late"]
 
 
-def test_not_before__due_entry_goes_by_priority_first(recorder):
+def test_not_before__due_entry_goes_by_priority_first(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="run")
     submit(key="low1")
@@ -136,7 +139,7 @@ def test_not_before__due_entry_goes_by_priority_first(recorder):
     assert recorder.keys()[-1] == "urgent"
 
 
-def test_not_before__wake_up_admits_a_due_entry_into_a_free_pool(recorder):
+def test_not_before__wake_up_admits_a_due_entry_into_a_free_pool(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="eta", not_before=timezone.now() + timedelta(seconds=0.2))
     assert recorder.keys() == []
@@ -145,7 +148,9 @@ def test_not_before__wake_up_admits_a_due_entry_into_a_free_pool(recorder):
     assert recorder.keys() == ["eta"]
 
 
-def test_not_before__multi_pool_entry_joins_all_its_lines_at_once(recorder):
+def test_not_before__multi_pool_entry_joins_all_its_lines_at_once(
+    recorder: RecordingBridge,
+) -> None:
     make_pool("a", 1)
     make_pool("b", 1)
     submit({"a": 1, "b": 1}, key="both", not_before=timezone.now() + timedelta(seconds=0.2))
@@ -157,7 +162,7 @@ def test_not_before__multi_pool_entry_joins_all_its_lines_at_once(recorder):
     }
 
 
-def test_max_queued__counts_delayed_entries(recorder):
+def test_max_queued__counts_delayed_entries(recorder: RecordingBridge) -> None:
     make_pool("p", 1, max_queued=1)
     submit(key="run")
     submit(key="later", not_before=timezone.now() + timedelta(hours=1))
@@ -165,7 +170,9 @@ def test_max_queued__counts_delayed_entries(recorder):
         submit(key="more")
 
 
-def test_expires__passing_while_waiting_ends_the_entry_as_expired(recorder):
+def test_expires__passing_while_waiting_ends_the_entry_as_expired(
+    recorder: RecordingBridge,
+) -> None:
     make_pool("p", 1)
     submit(key="run")
     gone = timezone.now() + timedelta(seconds=0.2)
@@ -178,7 +185,7 @@ def test_expires__passing_while_waiting_ends_the_entry_as_expired(recorder):
     assert recorder.keys() == ["run"]
 
 
-def test_max_queued__refuses_with_message_and_keeps_queue(recorder):
+def test_max_queued__refuses_with_message_and_keeps_queue(recorder: RecordingBridge) -> None:
     make_pool("p", 1, max_queued=2)
     submit(key="running")
     submit(key="w1")
@@ -189,7 +196,7 @@ def test_max_queued__refuses_with_message_and_keeps_queue(recorder):
     assert QueueEntry.objects.waiting().count() == 2
 
 
-def test_enqueue__unknown_pool_and_oversized_demand_are_refused(recorder):
+def test_enqueue__unknown_pool_and_oversized_demand_are_refused(recorder: RecordingBridge) -> None:
     make_pool("p", 2)
     with pytest.raises(UnknownPool, match="'nope' does not exist"):
         submit("nope")
@@ -198,7 +205,7 @@ def test_enqueue__unknown_pool_and_oversized_demand_are_refused(recorder):
     assert QueueEntry.objects.count() == 0
 
 
-def test_settle__is_exactly_once_per_token(recorder):
+def test_settle__is_exactly_once_per_token(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
@@ -210,7 +217,7 @@ def test_settle__is_exactly_once_per_token(recorder):
     assert Pool.objects.get(name="p").held == 0, "the slot was released once"
 
 
-def test_paused_pool__admits_nothing_until_resumed(recorder):
+def test_paused_pool__admits_nothing_until_resumed(recorder: RecordingBridge) -> None:
     pool = make_pool("p", 2, paused=True)
     submit(key="a")
     assert recorder.keys() == []
@@ -220,7 +227,7 @@ def test_paused_pool__admits_nothing_until_resumed(recorder):
     assert recorder.keys() == ["a"]
 
 
-def test_cancel__waiting_entry_is_cancelled_and_reported(recorder):
+def test_cancel__waiting_entry_is_cancelled_and_reported(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="run")
     submit(key="wait")
@@ -233,7 +240,7 @@ def test_cancel__waiting_entry_is_cancelled_and_reported(recorder):
         admission.cancel("missing")
 
 
-def test_deadline__expired_head_leaves_the_line(recorder):
+def test_deadline__expired_head_leaves_the_line(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="run")
     submit(key="late", queue_timeout=0.001)
@@ -245,7 +252,7 @@ def test_deadline__expired_head_leaves_the_line(recorder):
     assert [f.state for f in recorder.finished] == ["expired"]
 
 
-def test_requeue__keeps_place_in_line(recorder):
+def test_requeue__keeps_place_in_line(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="first", priority=1)
     submit(key="second", priority=1)
@@ -259,7 +266,7 @@ def test_requeue__keeps_place_in_line(recorder):
     assert again.enqueued_at == entry.enqueued_at
 
 
-def test_not_before__near_head_schedules_a_timed_admission(recorder):
+def test_not_before__near_head_schedules_a_timed_admission(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     soon = timezone.now() + timedelta(seconds=2)
     submit(key="eta", not_before=soon)

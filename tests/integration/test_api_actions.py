@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from pytest_django import Settings
+from rest_framework.test import APIClient
 
 from pools.models import EntryState, Origin, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.factories import make_pool, submit
 from tests.integration.api_support import API_APPS, client_for, error, url
 from tests.testapp.tasks import add
@@ -16,16 +20,16 @@ pytestmark = pytest.mark.django_db(transaction=True, available_apps=API_APPS)
 
 
 @pytest.fixture
-def canceller():
+def canceller() -> APIClient:
     return client_for("pools.cancel_queueentry")
 
 
 @pytest.fixture
-def starter():
+def starter() -> APIClient:
     return client_for("pools.start_job")
 
 
-def periodic(name: str, task: str, **kw) -> PeriodicTask:
+def periodic(name: str, task: str, **kw: Any) -> PeriodicTask:
     every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.HOURS)
     return PeriodicTask.objects.create(name=name, task=task, interval=every, **kw)
 
@@ -33,7 +37,9 @@ def periodic(name: str, task: str, **kw) -> PeriodicTask:
 # --------------------------------------------------------------------------- cancel
 
 
-def test_cancel__waiting_entry_is_200_with_the_entry(recorder, canceller):
+def test_cancel__waiting_entry_is_200_with_the_entry(
+    recorder: RecordingBridge, canceller: APIClient
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="w")
@@ -44,7 +50,9 @@ def test_cancel__waiting_entry_is_200_with_the_entry(recorder, canceller):
     assert [f.key for f in recorder.finished] == ["w"], "its result becomes a revocation"
 
 
-def test_cancel__running_entry_without_terminate_is_409(recorder, canceller):
+def test_cancel__running_entry_without_terminate_is_409(
+    recorder: RecordingBridge, canceller: APIClient
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     status, body = error(canceller.post(url("pools/p/queue/run/cancel"), {}, format="json"))
@@ -57,7 +65,9 @@ def test_cancel__running_entry_without_terminate_is_409(recorder, canceller):
     assert QueueEntry.objects.get(key="run").state == EntryState.ADMITTED
 
 
-def test_cancel__terminate_stops_a_held_entry(recorder, canceller):
+def test_cancel__terminate_stops_a_held_entry(
+    recorder: RecordingBridge, canceller: APIClient
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     status, body = error(
@@ -67,7 +77,7 @@ def test_cancel__terminate_stops_a_held_entry(recorder, canceller):
     assert recorder.terminated == ["run"]
 
 
-def test_cancel__finished_entry_is_409(recorder, canceller):
+def test_cancel__finished_entry_is_409(recorder: RecordingBridge, canceller: APIClient) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="w")
@@ -77,7 +87,9 @@ def test_cancel__finished_entry_is_409(recorder, canceller):
     assert "is already cancelled" in body["detail"]
 
 
-def test_cancel__unknown_pool_key_or_other_pool_is_404(recorder, canceller):
+def test_cancel__unknown_pool_key_or_other_pool_is_404(
+    recorder: RecordingBridge, canceller: APIClient
+) -> None:
     make_pool("p", 1)
     make_pool("q", 1)
     submit("p", key="in-p")
@@ -90,7 +102,7 @@ def test_cancel__unknown_pool_key_or_other_pool_is_404(recorder, canceller):
     assert QueueEntry.objects.get(key="in-p").state == EntryState.ADMITTED
 
 
-def test_cancel__bad_body_is_400(recorder, canceller):
+def test_cancel__bad_body_is_400(recorder: RecordingBridge, canceller: APIClient) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     status, body = error(
@@ -102,7 +114,9 @@ def test_cancel__bad_body_is_400(recorder, canceller):
 # --------------------------------------------------------------------------- jobs
 
 
-def test_start_job__pooled_task_is_202_queued(recorder, starter):
+def test_start_job__pooled_task_is_202_queued(
+    recorder: RecordingBridge, starter: APIClient
+) -> None:
     make_pool("warehouse", 1)
     periodic("nightly", add.name, args=json.dumps([1, 2]))
     status, body = error(starter.post(url("jobs/nightly/start")))
@@ -118,7 +132,9 @@ def test_start_job__pooled_task_is_202_queued(recorder, starter):
     assert entry.origin == Origin.MANUAL and entry.args == [1, 2]
 
 
-def test_start_job__multi_pool_task_names_the_first_pool(recorder, starter, settings):
+def test_start_job__multi_pool_task_names_the_first_pool(
+    recorder: RecordingBridge, starter: APIClient, settings: Settings
+) -> None:
     settings.POOLS = {**settings.POOLS, "TASKS": {"tests.multi": {"pools": {"b": 1, "a": 1}}}}
     make_pool("a", 1)
     make_pool("b", 1)
@@ -128,19 +144,21 @@ def test_start_job__multi_pool_task_names_the_first_pool(recorder, starter, sett
 
 
 @pytest.mark.redis
-def test_start_job__unpooled_task_is_202_not_queued(starter):
+def test_start_job__unpooled_task_is_202_not_queued(starter: APIClient) -> None:
     periodic("plain", "tests.not_pooled")
     status, body = error(starter.post(url("jobs/plain/start")))
     assert status == 202 and body == {"queued": False, "key": body["key"]}
 
 
-def test_start_job__unknown_job_is_404(starter):
+def test_start_job__unknown_job_is_404(starter: APIClient) -> None:
     status, body = error(starter.post(url("jobs/ghost/start")))
     assert (status, body["code"]) == (404, "job_not_found")
     assert "No periodic task named 'ghost'" in body["detail"]
 
 
-def test_start_job__full_pool_is_409_with_its_message(recorder, starter):
+def test_start_job__full_pool_is_409_with_its_message(
+    recorder: RecordingBridge, starter: APIClient
+) -> None:
     make_pool("warehouse", 1, max_queued=1)
     periodic("nightly", add.name, args="[1, 1]")
     assert starter.post(url("jobs/nightly/start")).status_code == 202  # admitted
@@ -151,7 +169,9 @@ def test_start_job__full_pool_is_409_with_its_message(recorder, starter):
     assert body["detail"].startswith("Pool 'warehouse' is full")
 
 
-def test_start_job__task_naming_a_missing_pool_is_409(recorder, starter, settings):
+def test_start_job__task_naming_a_missing_pool_is_409(
+    recorder: RecordingBridge, starter: APIClient, settings: Settings
+) -> None:
     settings.POOLS = {**settings.POOLS, "TASKS": {"tests.lost": {"pools": {"missing": 1}}}}
     periodic("lost", "tests.lost")
     status, body = error(starter.post(url("jobs/lost/start")))

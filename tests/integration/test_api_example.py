@@ -28,7 +28,7 @@ print("PROBE" + json.dumps(out))
 """
 
 
-def test_example_project__serves_schema_and_swagger_ui_without_cdn(tmp_path):
+def test_example_project__serves_schema_and_swagger_ui_without_cdn(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", PROBE],
         cwd=ROOT / "example_project",

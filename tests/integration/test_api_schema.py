@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from django.test import Client
 from drf_spectacular.generators import SchemaGenerator
 
 REST_DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "rest.md"
@@ -41,7 +42,7 @@ def doc_answers() -> set[tuple[str, str, str]]:
     return out
 
 
-def test_schema__lists_every_error_answer_with_a_body():
+def test_schema__lists_every_error_answer_with_a_body() -> None:
     paths = SchemaGenerator().get_schema(request=None, public=True)["paths"]
     cancel = paths[f"{PREFIX}pools/{{name}}/queue/{{key}}/cancel"]["post"]["responses"]
     assert set(cancel) == {"200", "400", "401", "403", "404", "409", "503"}
@@ -51,7 +52,7 @@ def test_schema__lists_every_error_answer_with_a_body():
     assert {"202", "404", "409", "503"} <= set(start)
 
 
-def test_rest_reference__matches_the_schema():
+def test_rest_reference__matches_the_schema() -> None:
     documented, generated = doc_answers(), schema_answers()
     assert generated, "the schema lists no endpoint"
     missing = sorted(generated - documented)
@@ -61,7 +62,7 @@ def test_rest_reference__matches_the_schema():
 
 
 @pytest.mark.django_db
-def test_schema__served_as_openapi_3(admin_client):
+def test_schema__served_as_openapi_3(admin_client: Client) -> None:
     response = admin_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert response.status_code == 200
     assert response.json()["openapi"].startswith("3.")

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from unittest import mock
 
 import pytest
 from django.db import OperationalError
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from pytest_django import Settings
+from rest_framework.response import Response
+from rest_framework.test import APIClient
 
 from pools.models import EntryState, Pool, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.factories import make_pool, submit
 from tests.integration.api_support import ALL_PERMS, API_APPS, client_for, error, url
 from tests.integration.test_locking import pool_row_locked
@@ -27,23 +32,25 @@ UNAVAILABLE = {"detail": "pool state is unavailable"}
 
 
 @pytest.fixture
-def admin_client():
+def admin_client() -> APIClient:
     return client_for(*ALL_PERMS)
 
 
 @pytest.fixture
-def short_bound(settings):
+def short_bound(settings: Settings) -> None:
     settings.POOLS = {**settings.POOLS, "LOCK_TIMEOUT_SECONDS": 0.3}
 
 
-def timed(call):
+def timed(call: Callable[[], Response]) -> tuple[Response, float]:
     began = time.monotonic()
     response = call()
     return response, time.monotonic() - began
 
 
 @pytest.mark.postgres
-def test_cancel__locked_pool_is_503_and_nothing_changes(recorder, admin_client, short_bound):
+def test_cancel__locked_pool_is_503_and_nothing_changes(
+    recorder: RecordingBridge, admin_client: APIClient, short_bound: None
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="w")
@@ -57,7 +64,9 @@ def test_cancel__locked_pool_is_503_and_nothing_changes(recorder, admin_client, 
 
 
 @pytest.mark.postgres
-def test_start_job__locked_pool_is_503_and_nothing_is_queued(recorder, admin_client, short_bound):
+def test_start_job__locked_pool_is_503_and_nothing_is_queued(
+    recorder: RecordingBridge, admin_client: APIClient, short_bound: None
+) -> None:
     make_pool("warehouse", 1)
     every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.HOURS)
     PeriodicTask.objects.create(
@@ -70,7 +79,9 @@ def test_start_job__locked_pool_is_503_and_nothing_is_queued(recorder, admin_cli
 
 
 @pytest.mark.postgres
-def test_patch_and_delete_pool__locked_pool_is_503(recorder, admin_client, short_bound):
+def test_patch_and_delete_pool__locked_pool_is_503(
+    recorder: RecordingBridge, admin_client: APIClient, short_bound: None
+) -> None:
     make_pool("p", 1)
     with pool_row_locked("p"):
         patched = admin_client.patch(url("pools/p/"), {"slots": 5}, format="json")
@@ -80,7 +91,7 @@ def test_patch_and_delete_pool__locked_pool_is_503(recorder, admin_client, short
     assert Pool.objects.get(name="p").slots == 1
 
 
-def test_reads__database_error_is_503(admin_client):
+def test_reads__database_error_is_503(admin_client: APIClient) -> None:
     boom = OperationalError("server closed the connection unexpectedly")
     with mock.patch("pools.core.snapshots.snapshot_all", side_effect=boom):
         assert error(admin_client.get(url("pools/"))) == (503, UNAVAILABLE)

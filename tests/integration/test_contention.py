@@ -29,6 +29,7 @@ from django.utils import timezone
 from pools.core import admission, events
 from pools.models import Demand, EntryState, Pool, PoolEvent, QueueEntry
 from tests import contention
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS, _admission_paths
 from tests.factories import make_pool, submit
 
@@ -47,7 +48,7 @@ def ev(seq: int, kind: str, entry: int, demand: dict[str, int] | None = None) ->
     )
 
 
-def test_sweep__counts_slots_held_between_admission_and_end():
+def test_sweep__counts_slots_held_between_admission_and_end() -> None:
     events = [
         ev(1, "admit", 1),
         ev(2, "start", 1, {"a": 2}),
@@ -67,7 +68,7 @@ def test_sweep__counts_slots_held_between_admission_and_end():
     assert contention.sweep(events, opening=("start",))["a"] == 3
 
 
-def test_sweep__a_late_admit_record_does_not_open_after_the_end():
+def test_sweep__a_late_admit_record_does_not_open_after_the_end() -> None:
     # The admitting process wrote 'admit' after another process had started and ended it.
     events = [ev(1, "start", 1, {"a": 1}), ev(2, "end", 1, {"a": 1}), ev(3, "admit", 1)]
     assert contention.intervals(events) == [(1, 2, {"a": 1})]
@@ -82,7 +83,7 @@ def path(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def test_contention__checker_catches_a_broken_admission(path):
+def test_contention__checker_catches_a_broken_admission(path: str) -> None:
     """Mutation check: with this path's admission ignoring held slots, the recorder sees
     oversubscription."""
     result = contention.run(
@@ -107,7 +108,7 @@ def test_contention__checker_catches_a_broken_admission(path):
     assert any(result.max_held[p] > slots for p, slots in CAPACITY.items()), result.max_held
 
 
-def test_contention__never_oversubscribes_under_many_processes(path):
+def test_contention__never_oversubscribes_under_many_processes(path: str) -> None:
     result = contention.run(
         fast_path=path == "sql",
         entries=ENTRIES,
@@ -173,7 +174,9 @@ def test_contention__never_oversubscribes_under_many_processes(path):
 # waits, with its pools idle, until the next sweep.
 
 
-def test_cancel__admits_a_multi_pool_head_behind_the_cancelled_one(recorder):
+def test_cancel__admits_a_multi_pool_head_behind_the_cancelled_one(
+    recorder: RecordingBridge,
+) -> None:
     make_pool("a", 2)
     make_pool("c", 1)
     submit("a", key="holder")
@@ -184,7 +187,7 @@ def test_cancel__admits_a_multi_pool_head_behind_the_cancelled_one(recorder):
     assert recorder.keys() == ["holder", "multi"], "a and c have room: 'multi' must be admitted"
 
 
-def test_requeue__admits_a_multi_pool_head_behind_an_expired_one(recorder):
+def test_requeue__admits_a_multi_pool_head_behind_an_expired_one(recorder: RecordingBridge) -> None:
     make_pool("a", 1)
     make_pool("c", 1)
     submit("a", key="late", queue_timeout=60)

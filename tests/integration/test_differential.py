@@ -34,13 +34,15 @@ from unittest import mock
 
 import pytest
 from django.db import connection
+from pytest_django import Settings
 
 from pools import signals
 from pools.core import admission, dispatch, leases, records, sweeps
 from pools.core.records import Submission
 from pools.exceptions import PoolError
-from pools.models import Demand, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, EventKind, Pool, PoolEvent, QueueEntry
 from pools.specs import PoolSpec
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool
 
@@ -399,7 +401,8 @@ def first_difference(sql: list[Step], orm: list[Step]) -> str | None:
 
 
 def _state_diff(left: dict[str, Any], right: dict[str, Any]) -> tuple[Any, Any]:
-    out_l, out_r = {}, {}
+    out_l: dict[str, Any] = {}
+    out_r: dict[str, Any] = {}
     for part in left:
         if left[part] == right[part]:
             continue
@@ -418,7 +421,9 @@ def _state_diff(left: dict[str, Any], right: dict[str, Any]) -> tuple[Any, Any]:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_differential__sql_and_orm_paths_agree_step_by_step(seed, settings, recorder, listener):
+def test_differential__sql_and_orm_paths_agree_step_by_step(
+    seed: int, settings: Settings, recorder: RecordingBridge, listener: Listener
+) -> None:
     sql = run_path(seed, True, settings, recorder, listener)
     orm = run_path(seed, False, settings, recorder, listener)
     difference = first_difference(sql, orm)
@@ -434,7 +439,9 @@ def test_differential__sql_and_orm_paths_agree_step_by_step(seed, settings, reco
     assert {"waiting", "admitted", "running", "succeeded", "cancelled", "expired"} <= seen, seen
 
 
-def test_differential__self_test_catches_a_planted_difference(settings, recorder, listener):
+def test_differential__self_test_catches_a_planted_difference(
+    settings: Settings, recorder: RecordingBridge, listener: Listener
+) -> None:
     """The comparison can fail: with the ORM path's ``started`` signals planted without
     their worker, the first start is reported as a difference."""
     from pools.core import events
@@ -442,8 +449,8 @@ def test_differential__self_test_catches_a_planted_difference(settings, recorder
     sql = run_path(DEFAULT_SEEDS[0], True, settings, recorder, listener)
     real = events.transition
 
-    def planted(kind: str, entries: Any, *, at: datetime, detail: Any = None) -> None:
-        real(kind, entries, at=at, detail=None if kind == "started" else detail)
+    def planted(kind: EventKind, entries: Any, *, at: datetime, detail: Any = None) -> None:
+        real(kind, entries, at=at, detail=None if kind == EventKind.STARTED else detail)
 
     with mock.patch.object(events, "transition", planted):
         orm = run_path(DEFAULT_SEEDS[0], False, settings, recorder, listener)

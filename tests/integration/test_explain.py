@@ -7,10 +7,12 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from pytest_django import DjangoAssertNumQueries
 
 from pools.core import admission, explain, snapshots
 from pools.exceptions import EntryNotFound, UnknownPool
 from pools.models import Demand, EntryState, Pool, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -28,12 +30,12 @@ def place(key: str, pool: str) -> explain.PoolPlace:
     return next(p for p in explain.explain_key(key).places if p.pool == pool)
 
 
-def finish(rec, key: str) -> None:
+def finish(rec: RecordingBridge, key: str) -> None:
     adm = next(a for a in rec.admissions if a.key == key)
     assert admission.settle(adm.entry_id, adm.token, EntryState.SUCCEEDED)
 
 
-def test_explain__pool_full_names_the_holders(recorder):
+def test_explain__pool_full_names_the_holders(recorder: RecordingBridge) -> None:
     make_pool("p", 2)
     submit(key="a")
     submit(key="b")
@@ -49,7 +51,9 @@ def test_explain__pool_full_names_the_holders(recorder):
     assert d.message.endswith("1 entry ahead.")
 
 
-def test_explain__head_of_line_names_the_head_that_needs_more_slots(recorder):
+def test_explain__head_of_line_names_the_head_that_needs_more_slots(
+    recorder: RecordingBridge,
+) -> None:
     make_pool("p", 3)
     submit(key="one")
     submit(key="big", slots=3)
@@ -62,7 +66,7 @@ def test_explain__head_of_line_names_the_head_that_needs_more_slots(recorder):
     assert "needs 3 slot(s) and only 2 of 3 are free" in small.message
 
 
-def test_explain__paused_pool(recorder):
+def test_explain__paused_pool(recorder: RecordingBridge) -> None:
     make_pool("p", 1, paused=True)
     submit(key="w")
     w = place("w", "p")
@@ -70,7 +74,7 @@ def test_explain__paused_pool(recorder):
     assert "paused" in w.message
 
 
-def test_explain__not_before_entry_is_out_of_line_until_due(recorder):
+def test_explain__not_before_entry_is_out_of_line_until_due(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="run")
     due = timezone.now() + timedelta(hours=1)
@@ -84,7 +88,7 @@ def test_explain__not_before_entry_is_out_of_line_until_due(recorder):
     assert place("now", "p").position == 1
 
 
-def test_explain__multi_pool_entry_waiting_for_the_other_pool(recorder):
+def test_explain__multi_pool_entry_waiting_for_the_other_pool(recorder: RecordingBridge) -> None:
     make_pool("a", 1)
     make_pool("b", 1)
     submit("b", key="hold-b")
@@ -95,7 +99,7 @@ def test_explain__multi_pool_entry_waiting_for_the_other_pool(recorder):
     assert (b.pool, b.position, b.blocked_by) == ("b", 1, "pool_full")
 
 
-def test_explain__held_and_finished_entries_are_not_blocked(recorder):
+def test_explain__held_and_finished_entries_are_not_blocked(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="run")
     run = explain.explain_key("run")
@@ -108,7 +112,7 @@ def test_explain__held_and_finished_entries_are_not_blocked(recorder):
     assert done.places[0].message == "Finished: succeeded."
 
 
-def test_explain_key__unknown_key_and_latest_entry(recorder):
+def test_explain_key__unknown_key_and_latest_entry(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     with pytest.raises(EntryNotFound):
         explain.explain_key("nope")
@@ -118,7 +122,7 @@ def test_explain_key__unknown_key_and_latest_entry(recorder):
     assert explain.explain_key("same").entry.state == EntryState.ADMITTED
 
 
-def test_eta__none_without_history_then_from_mean_hold(recorder):
+def test_eta__none_without_history_then_from_mean_hold(recorder: RecordingBridge) -> None:
     make_pool("p", 2)
     for k in ("h1", "h2", "w1", "w2", "w3"):
         submit(key=k)
@@ -164,7 +168,7 @@ def _bulk_line(pool: Pool, count: int) -> list[QueueEntry]:
     return entries
 
 
-def test_positions__match_the_admission_order_with_ties(recorder):
+def test_positions__match_the_admission_order_with_ties(recorder: RecordingBridge) -> None:
     pool = make_pool("p", 1)
     submit(key="run")
     entries = _bulk_line(pool, 60)
@@ -179,8 +183,8 @@ def test_positions__match_the_admission_order_with_ties(recorder):
 
 @pytest.mark.parametrize("depth", [5, 500])
 def test_explain__query_count_does_not_grow_with_the_line(
-    recorder, depth, django_assert_num_queries
-):
+    recorder: RecordingBridge, depth: int, django_assert_num_queries: DjangoAssertNumQueries
+) -> None:
     pool = make_pool("p", 1)
     submit(key="run")
     _bulk_line(pool, depth)
@@ -195,7 +199,7 @@ def test_explain__query_count_does_not_grow_with_the_line(
 # --------------------------------------------------------------------------- snapshots
 
 
-def test_snapshot__counts_holders_head_and_recent(recorder):
+def test_snapshot__counts_holders_head_and_recent(recorder: RecordingBridge) -> None:
     make_pool("p", 2, max_queued=None)
     for k in ("a", "b", "c", "d", "e"):
         submit(key=k)
@@ -213,14 +217,14 @@ def test_snapshot__counts_holders_head_and_recent(recorder):
     assert [(r.key, r.state, r.reason) for r in s.recent] == [("e", "cancelled", "cancelled")]
 
 
-def test_snapshot__unknown_pool():
+def test_snapshot__unknown_pool() -> None:
     with pytest.raises(UnknownPool):
         snapshots.snapshot("nope")
 
 
 def test_snapshot__multi_pool_head_waiting_for_a_pool_outside_the_view(
-    recorder, django_assert_num_queries
-):
+    recorder: RecordingBridge, django_assert_num_queries: DjangoAssertNumQueries
+) -> None:
     make_pool("a", 1)
     make_pool("b", 1)
     submit("b", key="hold-b")
@@ -231,7 +235,12 @@ def test_snapshot__multi_pool_head_waiting_for_a_pool_outside_the_view(
 
 
 @pytest.mark.parametrize("pools,depth", [(2, 3), (12, 40)])
-def test_snapshot_all__query_count_is_fixed(recorder, pools, depth, django_assert_num_queries):
+def test_snapshot_all__query_count_is_fixed(
+    recorder: RecordingBridge,
+    pools: int,
+    depth: int,
+    django_assert_num_queries: DjangoAssertNumQueries,
+) -> None:
     for i in range(pools):
         pool = make_pool(f"p{i:02}", 1)
         submit(pool.name, key=f"run-{i}")
@@ -248,12 +257,13 @@ def test_snapshot_all__query_count_is_fixed(recorder, pools, depth, django_asser
     ][: depth + 1]
 
 
-def test_entries_page__walks_the_line_in_order_with_positions(recorder):
+def test_entries_page__walks_the_line_in_order_with_positions(recorder: RecordingBridge) -> None:
     pool = make_pool("p", 1)
     submit(key="run")
     entries = _bulk_line(pool, 23)
     order = [e.key for e in sorted(entries, key=lambda e: (-e.priority, e.enqueued_at, e.queue_id))]
-    seen, cursor, pages = [], None, 0
+    seen: list[tuple[str, int | None]] = []
+    cursor, pages = None, 0
     while True:
         page = snapshots.entries_page("p", cursor=cursor, limit=10)
         seen.extend((i.key, i.position) for i in page.items)
@@ -267,7 +277,7 @@ def test_entries_page__walks_the_line_in_order_with_positions(recorder):
     assert [i.key for i in held.items] == ["run"] and held.next_cursor is None
 
 
-def test_entries_page__bad_cursor_and_state(recorder):
+def test_entries_page__bad_cursor_and_state(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     with pytest.raises(snapshots.InvalidCursor):
         snapshots.entries_page("p", cursor="%%%")

@@ -53,7 +53,7 @@ def test_publish__one_pass_one_round_trip(broker):
     entries = _three_waiting()
     flushes = []
     if _is_redis():
-        from kombu.transport.redis import PublishBatch
+        from kombu.transport.redis import PublishBatch  # type: ignore[attr-defined]
 
         real = PublishBatch.flush
 
@@ -79,7 +79,7 @@ def test_publish__a_failed_batch_requeues_every_entry_of_it(broker):
         raise ConnectionError("broker gone")
 
     if _is_redis():
-        from kombu.transport.redis import PublishBatch
+        from kombu.transport.redis import PublishBatch  # type: ignore[attr-defined]
 
         failing = mock.patch.object(PublishBatch, "flush", boom)
     else:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any, cast
 
 import pytest
 from celery import signals
 from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import EncodeError
+from kombu.transport.virtual import Channel as VirtualChannel
+from pytest_django import Settings
 
 from pools.celery import messages
 from pools.exceptions import PoolConfigurationError, UnknownPool
@@ -27,18 +31,19 @@ class Broker:
         from tests.celery_app import app
 
         self.app = app
-        self.seen: list[dict] = []
+        self.seen: list[dict[str, Any]] = []
 
-    def drain(self) -> list[dict]:
+    def drain(self) -> list[dict[str, Any]]:
         with self.app.connection_for_read() as conn:
-            channel = conn.default_channel
+            # A kombu virtual channel (memory transport): basic_get is not on StdChannel.
+            channel = cast(VirtualChannel, conn.default_channel)
             while (message := channel.basic_get("celery", no_ack=True)) is not None:
                 self.seen.append(dict(message.headers or {}))
         return self.seen
 
 
 @pytest.fixture
-def broker():
+def broker() -> Broker:
     """What the gate really publishes (empty at the start of the test)."""
     b = Broker()
     b.drain()
@@ -47,11 +52,11 @@ def broker():
 
 
 @pytest.fixture
-def publish_signals():
+def publish_signals() -> Iterator[list[dict[str, Any]]]:
     """Headers seen by ``before_task_publish`` (runs in the caller, as in plain Celery)."""
-    seen: list[dict] = []
+    seen: list[dict[str, Any]] = []
 
-    def grab(sender=None, headers=None, **kwargs):
+    def grab(sender: Any = None, headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
         seen.append(dict(headers or {}))
 
     signals.before_task_publish.connect(grab, weak=False)
@@ -59,7 +64,9 @@ def publish_signals():
     signals.before_task_publish.disconnect(grab)
 
 
-def test_delay__creates_entry_with_task_id_and_publishes_with_claim(broker, publish_signals):
+def test_delay__creates_entry_with_task_id_and_publishes_with_claim(
+    broker: Broker, publish_signals: list[dict[str, Any]]
+) -> None:
     make_pool("warehouse", 1)
     first = add.delay(1, 2)
     second = add.delay(3, 4)
@@ -74,14 +81,15 @@ def test_delay__creates_entry_with_task_id_and_publishes_with_claim(broker, publ
     assert [h["id"] for h in publish_signals] == [first.id, second.id]
 
 
-def test_apply_async__pool_options_and_countdown(broker):
+def test_apply_async__pool_options_and_countdown(broker: Broker) -> None:
     make_pool("warehouse", 1)
     before = timezone.now()
-    result = record.apply_async(
+    result = record.apply_async(  # type: ignore[call-arg]  # celery-types: no **options
         (1,), countdown=60, pool_options={"priority": 9, "queue_timeout": 30}
     )
     entry = QueueEntry.objects.get(key=result.id)
     assert entry.priority == 9
+    assert entry.not_before is not None and entry.deadline is not None
     assert entry.not_before >= before + timedelta(seconds=59)
     assert entry.deadline >= entry.not_before + timedelta(seconds=29)
     assert entry.state == EntryState.WAITING, "an entry with a future ETA is not admitted yet"
@@ -94,14 +102,14 @@ def test_apply_async__pool_options_and_countdown(broker):
     assert published[0]["eta"] is not None
 
 
-def test_pool_options__refused_for_unpooled_task():
+def test_pool_options__refused_for_unpooled_task() -> None:
     from tests.celery_app import app
 
     with pytest.raises(PoolConfigurationError, match="not pooled"):
         app.send_task("tests.not_pooled", pool_options={"priority": 1})
 
 
-def test_unknown_pool__raises_at_call(settings):
+def test_unknown_pool__raises_at_call(settings: Settings) -> None:
     # A task pooled by name only (POOLS["TASKS"]) on a pool nobody defined.
     settings.POOLS = {**settings.POOLS, "TASKS": {"tests.by_name": {"pools": "ghost"}}}
     from tests.celery_app import app
@@ -111,7 +119,7 @@ def test_unknown_pool__raises_at_call(settings):
     assert QueueEntry.objects.count() == 0
 
 
-def test_tasks_setting__pools_a_task_known_only_by_name(settings):
+def test_tasks_setting__pools_a_task_known_only_by_name(settings: Settings) -> None:
     settings.POOLS = {**settings.POOLS, "TASKS": {"tests.by_name": {"pools": {"warehouse": 1}}}}
     from tests.celery_app import app
 
@@ -119,16 +127,16 @@ def test_tasks_setting__pools_a_task_known_only_by_name(settings):
     assert QueueEntry.objects.get(key=result.id).demand == {"warehouse": 1}
 
 
-def test_arguments__what_the_serializer_refuses_is_refused_in_the_caller():
+def test_arguments__what_the_serializer_refuses_is_refused_in_the_caller() -> None:
     make_pool("warehouse", 1)
     with pytest.raises(EncodeError, match="not JSON serializable"):
-        add.delay(object(), 1)
+        add.delay(object(), 1)  # type: ignore[arg-type]  # on purpose: not serializable
     assert QueueEntry.objects.count() == 0
 
 
-def test_arguments__bytes_are_held_as_celery_sends_them(broker):
+def test_arguments__bytes_are_held_as_celery_sends_them(broker: Broker) -> None:
     make_pool("warehouse", 1)
-    add.delay(b"\x00raw", 1)
+    add.delay(b"\x00raw", 1)  # type: ignore[arg-type]  # on purpose: bytes
     (entry,) = QueueEntry.objects.all()
     held = messages.held_in(entry.options)
     assert held is not None
@@ -147,10 +155,11 @@ def test_arguments__bytes_are_held_as_celery_sends_them(broker):
     ],
 )
 def test_arguments__held_with_the_serializer_and_compression_celery_uses(
-    broker, serializer, compression, value
-):
+    broker: Broker, serializer: str, compression: str | None, value: object
+) -> None:
     make_pool("warehouse", 1)
-    result = record.apply_async((value,), serializer=serializer, compression=compression)
+    options: dict[str, Any] = {"serializer": serializer, "compression": compression}
+    result = record.apply_async((value,), **options)
     entry = QueueEntry.objects.get(key=result.id)
     held = messages.held_in(entry.options)
     assert held is not None
@@ -171,15 +180,15 @@ def test_arguments__held_with_the_serializer_and_compression_celery_uses(
     assert published["id"] == result.id
 
 
-def test_delay_on_commit__enqueues_only_after_commit():
+def test_delay_on_commit__enqueues_only_after_commit() -> None:
     make_pool("warehouse", 1)
     with transaction.atomic():
-        add.delay_on_commit(5, 6)
+        add.delay_on_commit(5, 6)  # type: ignore[attr-defined]  # Celery 5.4+, not in celery-types
         assert QueueEntry.objects.count() == 0
     assert QueueEntry.objects.get().args == [5, 6]
 
 
-def test_rolled_back_enqueue__leaves_nothing(broker):
+def test_rolled_back_enqueue__leaves_nothing(broker: Broker) -> None:
     make_pool("warehouse", 1)
     with pytest.raises(RuntimeError), transaction.atomic():
         add.delay(1, 1)

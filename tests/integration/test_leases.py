@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
+from pytest_django import Settings
 
 from pools.celery.keeper import LeaseKeeper, body_running
 from pools.core import admission, leases, sweeps
+from pools.core.leases import Claim
 from pools.exceptions import LeaseLost
 from pools.models import EntryState, EventKind, PoolEvent, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -30,7 +34,7 @@ def lapse(key: str) -> None:
     )
 
 
-def test_start__compare_and_set_once_per_token(recorder):
+def test_start__compare_and_set_once_per_token(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
@@ -40,7 +44,7 @@ def test_start__compare_and_set_once_per_token(recorder):
     assert QueueEntry.objects.get(key="a").worker == "w1"
 
 
-def test_renew__refused_for_stale_token(recorder):
+def test_renew__refused_for_stale_token(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
@@ -48,7 +52,7 @@ def test_renew__refused_for_stale_token(recorder):
     assert leases.renew(adm.entry_id, adm.token + 1) is None
 
 
-def test_sweep__lapsed_lease_returns_entry_to_its_place(recorder):
+def test_sweep__lapsed_lease_returns_entry_to_its_place(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="first", priority=5)
     submit(key="second", priority=1)
@@ -66,7 +70,9 @@ def test_sweep__lapsed_lease_returns_entry_to_its_place(recorder):
     assert QueueEntry.objects.get(key="second").state == EntryState.WAITING
 
 
-def test_sweep__schedules_a_reclaim_at_a_lease_end_before_the_next_sweep(recorder, settings):
+def test_sweep__schedules_a_reclaim_at_a_lease_end_before_the_next_sweep(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
     settings.POOLS = {**settings.POOLS, "SWEEP_SECONDS": 5}
     make_pool("p", 1)
     make_pool("q", 1)
@@ -80,7 +86,9 @@ def test_sweep__schedules_a_reclaim_at_a_lease_end_before_the_next_sweep(recorde
     assert recorder.wakes == [(["p"], now + timedelta(seconds=2) + sweeps.LAPSE_MARGIN)]
 
 
-def test_sweep__no_reclaim_wake_up_when_no_lease_ends_before_the_next_sweep(recorder, settings):
+def test_sweep__no_reclaim_wake_up_when_no_lease_ends_before_the_next_sweep(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
     settings.POOLS = {**settings.POOLS, "SWEEP_SECONDS": 5}
     make_pool("p", 1)
     submit("p", key="later")
@@ -88,7 +96,7 @@ def test_sweep__no_reclaim_wake_up_when_no_lease_ends_before_the_next_sweep(reco
     assert recorder.wakes == []
 
 
-def test_admit_task__reclaims_lapsed_leases_before_admitting(recorder):
+def test_admit_task__reclaims_lapsed_leases_before_admitting(recorder: RecordingBridge) -> None:
     from pools.celery.tasks import admit
 
     make_pool("p", 1)
@@ -105,7 +113,7 @@ def test_admit_task__reclaims_lapsed_leases_before_admitting(recorder):
     assert QueueEntry.objects.get(key="dead").token == dead.token + 1
 
 
-def test_sweep__lapsed_lease_past_deadline_expires(recorder):
+def test_sweep__lapsed_lease_past_deadline_expires(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="a", queue_timeout=60)
     QueueEntry.objects.filter(key="a").update(deadline=timezone.now() - timedelta(seconds=1))
@@ -115,7 +123,9 @@ def test_sweep__lapsed_lease_past_deadline_expires(recorder):
     assert [f.key for f in recorder.finished] == ["a"]
 
 
-def test_sweep__expires_waiting_entries_past_deadline_anywhere_in_line(recorder):
+def test_sweep__expires_waiting_entries_past_deadline_anywhere_in_line(
+    recorder: RecordingBridge,
+) -> None:
     make_pool("p", 1)
     submit(key="holder")
     submit(key="w1")
@@ -126,7 +136,7 @@ def test_sweep__expires_waiting_entries_past_deadline_anywhere_in_line(recorder)
     assert QueueEntry.objects.get(key="w1").state == EntryState.WAITING
 
 
-def test_settle_live_lease__refused_after_lapse(recorder):
+def test_settle_live_lease__refused_after_lapse(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
@@ -135,7 +145,7 @@ def test_settle_live_lease__refused_after_lapse(recorder):
     assert admission.settle(adm.entry_id, adm.token, "succeeded")
 
 
-def test_sweep__prunes_old_terminal_entries(recorder, settings):
+def test_sweep__prunes_old_terminal_entries(recorder: RecordingBridge, settings: Settings) -> None:
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
@@ -145,7 +155,7 @@ def test_sweep__prunes_old_terminal_entries(recorder, settings):
     assert not QueueEntry.objects.filter(key="a").exists()
 
 
-def test_sweep_is_registered_with_celery_beat():
+def test_sweep_is_registered_with_celery_beat() -> None:
     from django_celery_beat.models import PeriodicTask
 
     task = PeriodicTask.objects.get(name="pools: sweep")
@@ -153,29 +163,40 @@ def test_sweep_is_registered_with_celery_beat():
     assert task.interval.every == 5
 
 
-def test_sweep_command__prints_report(recorder, capsys):
+def test_sweep_command__prints_report(
+    recorder: RecordingBridge, capsys: pytest.CaptureFixture[str]
+) -> None:
     make_pool("p", 1)
     call_command("pools", "sweep")
     assert "requeued 0, expired 0" in capsys.readouterr().out
 
 
+def start(entry_id: int, token: int) -> Claim:
+    """``leases.start`` on worker ``w``, which must succeed (the entry was just admitted)."""
+    claim = leases.start(entry_id, token, worker="w")
+    assert claim is not None
+    return claim
+
+
 @pytest.fixture
-def short_lease(settings):
+def short_lease(settings: Settings) -> None:
     settings.POOLS = {**settings.POOLS, "LEASE_SECONDS": 1.5, "HEARTBEAT_SECONDS": 0.25}
 
 
 @pytest.fixture
-def keeper():
+def keeper() -> Iterator[LeaseKeeper]:
     k = LeaseKeeper()
     yield k
     k.stop()
 
 
-def test_keeper__partition_interrupts_main_thread_body_before_lapse(recorder, short_lease, keeper):
+def test_keeper__partition_interrupts_main_thread_body_before_lapse(
+    recorder: RecordingBridge, short_lease: None, keeper: LeaseKeeper
+) -> None:
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
-    claim = leases.start(adm.entry_id, adm.token, worker="w")
+    claim = start(adm.entry_id, adm.token)
     keeper.hold(claim)
     keeper.partitioned = True
     started = time.monotonic()
@@ -184,11 +205,14 @@ def test_keeper__partition_interrupts_main_thread_body_before_lapse(recorder, sh
     elapsed = time.monotonic() - started
     lost, expires_at = keeper.release(claim.entry_id)
     assert lost
+    assert expires_at is not None
     assert timezone.now() < expires_at, "the body must stop before the lease lapses"
     assert elapsed < 1.5
 
 
-def test_keeper__refused_renewal_interrupts_thread_body(recorder, short_lease, keeper):
+def test_keeper__refused_renewal_interrupts_thread_body(
+    recorder: RecordingBridge, short_lease: None, keeper: LeaseKeeper
+) -> None:
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
@@ -196,7 +220,7 @@ def test_keeper__refused_renewal_interrupts_thread_body(recorder, short_lease, k
     ready = threading.Event()
 
     def body() -> None:
-        claim = leases.start(adm.entry_id, adm.token, worker="w")
+        claim = start(adm.entry_id, adm.token)
         keeper.hold(claim)
         ready.set()
         try:
@@ -218,12 +242,14 @@ def test_keeper__refused_renewal_interrupts_thread_body(recorder, short_lease, k
     assert outcome.get("result") == "lease lost"
 
 
-def test_keeper__deferred_completion_lands_when_database_returns(recorder, short_lease, keeper):
+def test_keeper__deferred_completion_lands_when_database_returns(
+    recorder: RecordingBridge, short_lease: None, keeper: LeaseKeeper
+) -> None:
     make_pool("p", 1)
     submit(key="a")
     submit(key="b")
     adm = recorder.admissions[0]
-    claim = leases.start(adm.entry_id, adm.token, worker="w")
+    claim = start(adm.entry_id, adm.token)
     keeper.partitioned = True
     keeper.defer_settle(claim, "succeeded", claim.lease_expires_at)
     keeper.retry_settles()
@@ -234,7 +260,7 @@ def test_keeper__deferred_completion_lands_when_database_returns(recorder, short
     assert recorder.keys() == ["a", "b"]
 
 
-def test_cancel_terminate__revokes_running_entry(recorder):
+def test_cancel_terminate__revokes_running_entry(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="a")
     from pools import NotCancellable, cancel
@@ -246,12 +272,14 @@ def test_cancel_terminate__revokes_running_entry(recorder):
     assert recorder.terminated == ["a"]
 
 
-def test_keeper__lease_lost_after_the_body_returned_raises_nothing(recorder, short_lease, keeper):
+def test_keeper__lease_lost_after_the_body_returned_raises_nothing(
+    recorder: RecordingBridge, short_lease: None, keeper: LeaseKeeper
+) -> None:
     """Celery's own code after the body (result encoding, acks) is never interrupted."""
     make_pool("p", 1)
     submit(key="a")
     adm = recorder.admissions[0]
-    claim = leases.start(adm.entry_id, adm.token, worker="w")
+    claim = start(adm.entry_id, adm.token)
     with body_running():
         keeper.hold(claim)
     keeper.partitioned = True

@@ -23,13 +23,16 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection
+from django.db.models import QuerySet
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from pytest_django import DjangoAssertNumQueries, Settings
 
 from pools.core import admission
 from pools.core.records import Enqueued
 from pools.exceptions import PoolUnavailable
 from pools.models import Demand, EntryState, Pool, PoolEvent, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -168,7 +171,9 @@ def settle_key(rec: Any, key: str, outcome: str = "succeeded") -> bool:
 # --------------------------------------------------------------------------- (a) blocking
 
 
-def test_held_pool_lock__blocks_enqueue_until_released(recorder, settings, admission_path):
+def test_held_pool_lock__blocks_enqueue_until_released(
+    recorder: RecordingBridge, settings: Settings, admission_path: str
+) -> None:
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=60)
     make_pool("p", 1)
     with pool_row_locked("p") as locker:
@@ -186,7 +191,9 @@ def test_held_pool_lock__blocks_enqueue_until_released(recorder, settings, admis
     assert QueueEntry.objects.get(key="blocked").state == EntryState.ADMITTED
 
 
-def test_held_pool_lock__blocks_settle_until_released(recorder, settings, admission_path):
+def test_held_pool_lock__blocks_settle_until_released(
+    recorder: RecordingBridge, settings: Settings, admission_path: str
+) -> None:
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=60)
     make_pool("p", 1)
     submit("p", key="run")
@@ -202,7 +209,9 @@ def test_held_pool_lock__blocks_settle_until_released(recorder, settings, admiss
     assert recorder.keys() == ["run", "next"]
 
 
-def test_multi_pool_enqueue__waits_for_every_pool_it_names(recorder, settings, admission_path):
+def test_multi_pool_enqueue__waits_for_every_pool_it_names(
+    recorder: RecordingBridge, settings: Settings, admission_path: str
+) -> None:
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=60)
     make_pool("a", 1)
     make_pool("b", 1)
@@ -220,8 +229,8 @@ def test_multi_pool_enqueue__waits_for_every_pool_it_names(recorder, settings, a
 
 
 def test_lock_timeout__enqueue_raises_pool_unavailable_and_writes_nothing(
-    recorder, settings, admission_path
-):
+    recorder: RecordingBridge, settings: Settings, admission_path: str
+) -> None:
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
     make_pool("p", 2)
     events_before = PoolEvent.objects.count()
@@ -241,8 +250,8 @@ def test_lock_timeout__enqueue_raises_pool_unavailable_and_writes_nothing(
 
 
 def test_lock_timeout__settle_raises_and_the_claim_is_still_held(
-    recorder, settings, admission_path
-):
+    recorder: RecordingBridge, settings: Settings, admission_path: str
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="next")
@@ -259,8 +268,8 @@ def test_lock_timeout__settle_raises_and_the_claim_is_still_held(
 
 
 def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(
-    recorder, settings, admission_path
-):
+    recorder: RecordingBridge, settings: Settings, admission_path: str
+) -> None:
     """A refused enqueue in ``transaction.atomic()`` rolls back only its own work."""
     from django.db import transaction
 
@@ -281,20 +290,32 @@ def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(
 # --------------------------------------------------------------------------- (c) query count
 
 
-def test_queries__enqueue_into_free_pool(recorder, admission_path, django_assert_num_queries):
+def test_queries__enqueue_into_free_pool(
+    recorder: RecordingBridge,
+    admission_path: str,
+    django_assert_num_queries: DjangoAssertNumQueries,
+) -> None:
     make_pool("p", 2)
     with django_assert_num_queries(ENQUEUE_ADMITTED[admission_path]):
         assert submit("p", key="a").admitted
 
 
-def test_queries__enqueue_into_full_pool(recorder, admission_path, django_assert_num_queries):
+def test_queries__enqueue_into_full_pool(
+    recorder: RecordingBridge,
+    admission_path: str,
+    django_assert_num_queries: DjangoAssertNumQueries,
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     with django_assert_num_queries(ENQUEUE_WAITING[admission_path]):
         assert not submit("p", key="wait").admitted
 
 
-def test_queries__settle_admits_one_successor(recorder, admission_path, django_assert_num_queries):
+def test_queries__settle_admits_one_successor(
+    recorder: RecordingBridge,
+    admission_path: str,
+    django_assert_num_queries: DjangoAssertNumQueries,
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="next")
@@ -303,7 +324,11 @@ def test_queries__settle_admits_one_successor(recorder, admission_path, django_a
     assert recorder.keys() == ["run", "next"]
 
 
-def test_queries__settle_with_empty_line(recorder, admission_path, django_assert_num_queries):
+def test_queries__settle_with_empty_line(
+    recorder: RecordingBridge,
+    admission_path: str,
+    django_assert_num_queries: DjangoAssertNumQueries,
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     with django_assert_num_queries(SETTLE_ALONE[admission_path]):
@@ -311,8 +336,10 @@ def test_queries__settle_with_empty_line(recorder, admission_path, django_assert
 
 
 def test_queries__settle_admitting_three_costs_the_same_as_one(
-    recorder, admission_path, django_assert_num_queries
-):
+    recorder: RecordingBridge,
+    admission_path: str,
+    django_assert_num_queries: DjangoAssertNumQueries,
+) -> None:
     make_pool("p", 3)
     submit("p", 3, key="big")
     for k in ("x", "y", "z"):
@@ -339,7 +366,9 @@ def _settle_cost(rec: Any, pool: str, waiting: int) -> tuple[int, float]:
     return len(ctx.captured_queries), took
 
 
-def test_queries__settle_cost_does_not_depend_on_line_length(recorder, admission_path):
+def test_queries__settle_cost_does_not_depend_on_line_length(
+    recorder: RecordingBridge, admission_path: str
+) -> None:
     short, short_s = _settle_cost(recorder, "short", 10)
     long, long_s = _settle_cost(recorder, "long", 2000)
     print(
@@ -351,8 +380,11 @@ def test_queries__settle_cost_does_not_depend_on_line_length(recorder, admission
 
 @pytest.mark.parametrize("waiting", [10, 2000])
 def test_queries__enqueue_cost_does_not_depend_on_line_length(
-    recorder, admission_path, waiting, django_assert_num_queries
-):
+    recorder: RecordingBridge,
+    admission_path: str,
+    waiting: int,
+    django_assert_num_queries: DjangoAssertNumQueries,
+) -> None:
     make_pool("p", 1)
     submit("p", key="run")
     bulk_waiting("p", waiting)
@@ -360,7 +392,7 @@ def test_queries__enqueue_cost_does_not_depend_on_line_length(
         assert not submit("p", key="one-more").admitted
 
 
-def test_line_query__is_served_by_the_line_index(recorder):
+def test_line_query__is_served_by_the_line_index(recorder: RecordingBridge) -> None:
     """The head lookup is an index range scan, not a scan and sort of the whole line."""
     make_pool("p", 1)
     submit("p", key="run")
@@ -384,7 +416,7 @@ def _plan_without_seqscan(queryset: Any) -> str:
             cur.execute("RESET enable_seqscan")
 
 
-def test_partial_indexes__serve_the_queries_that_use_them(recorder):
+def test_partial_indexes__serve_the_queries_that_use_them(recorder: RecordingBridge) -> None:
     """Each partial index's condition is implied by the queries it is for (migrations 0003,
     0008).
 
@@ -394,7 +426,7 @@ def test_partial_indexes__serve_the_queries_that_use_them(recorder):
     """
     now = timezone.now()
     held = QueueEntry.objects.held()
-    cases = {
+    cases: dict[str, list[QuerySet[Any]]] = {
         "pools_entry_lease": [
             held.filter(lease_expires_at__lt=now),  # lapsed leases (sweeps.reclaim)
             held.filter(lease_expires_at__lt=now).order_by("lease_expires_at")[:1],
@@ -420,7 +452,9 @@ def test_partial_indexes__serve_the_queries_that_use_them(recorder):
 # --------------------------------------------------------------------------- sweep vs start
 
 
-def test_sweep__does_not_requeue_a_claim_started_after_it_read_the_lapsed_leases(recorder):
+def test_sweep__does_not_requeue_a_claim_started_after_it_read_the_lapsed_leases(
+    recorder: RecordingBridge,
+) -> None:
     from unittest import mock
 
     from pools.core import leases, sweeps

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 from django.db import transaction
+from pytest_django import DjangoAssertNumQueries, Settings
 
 from pools import signals
 from pools.core import admission, events, leases
 from pools.models import PoolEvent, QueueEntry
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -60,7 +62,9 @@ def stored_rows() -> list[tuple[Any, ...]]:
     ]
 
 
-def test_signals__one_per_event_row_in_order_on_both_paths(recorder, heard, admission_path):
+def test_signals__one_per_event_row_in_order_on_both_paths(
+    recorder: RecordingBridge, heard: Heard, admission_path: str
+) -> None:
     make_pool("a", 1)
     make_pool("b", 2)
     first = submit({"a": 1, "b": 1}, key="first")
@@ -86,8 +90,11 @@ def test_signals__one_per_event_row_in_order_on_both_paths(recorder, heard, admi
 
 @pytest.mark.postgres
 def test_signals__receivers_do_not_move_the_fast_path_off(
-    recorder, heard, settings, django_assert_num_queries
-):
+    recorder: RecordingBridge,
+    heard: Heard,
+    settings: Settings,
+    django_assert_num_queries: DjangoAssertNumQueries,
+) -> None:
     """With receivers connected, enqueue and settle on PostgreSQL are still one query each."""
     settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
     make_pool("p", 1)
@@ -107,7 +114,9 @@ def test_signals__receivers_do_not_move_the_fast_path_off(
     ]
 
 
-def test_signals__sent_after_commit_and_never_for_rolled_back_work(recorder, heard, admission_path):
+def test_signals__sent_after_commit_and_never_for_rolled_back_work(
+    recorder: RecordingBridge, heard: Heard, admission_path: str
+) -> None:
     make_pool("p", 1)
     with transaction.atomic():
         submit("p", key="kept")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pools.core import leases, snapshots
+from pools.models import EntryState
+from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -14,7 +16,7 @@ pytestmark = [
 ]
 
 
-def test_counts__a_started_entry_counts_as_running_not_admitted(recorder):
+def test_counts__a_started_entry_counts_as_running_not_admitted(recorder: RecordingBridge) -> None:
     make_pool("p", 2)
     submit(key="started")
     submit(key="admitted")
@@ -27,3 +29,16 @@ def test_counts__a_started_entry_counts_as_running_not_admitted(recorder):
     admitted = snapshots.entries_page("p", state="admitted").items
     assert [i.key for i in running] == ["started"]
     assert [i.key for i in admitted] == ["admitted"]
+
+
+def test_line_items__state_is_an_entry_state(recorder: RecordingBridge) -> None:
+    make_pool("p", 1)
+    submit(key="held")
+    submit(key="waits")
+    snap = snapshots.snapshot("p")
+    items = [*snap.holders, *snap.head]
+    assert [(i.key, i.state) for i in items] == [
+        ("held", EntryState.ADMITTED),
+        ("waits", EntryState.WAITING),
+    ]
+    assert all(type(i.state) is EntryState for i in items)  # not the plain str of the row

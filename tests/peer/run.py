@@ -29,6 +29,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "peer"
@@ -223,7 +224,9 @@ def flush_redis() -> None:
         redis.Redis.from_url(url).flushdb()
 
 
-def start_worker(root: Path, env: dict[str, str], mode: str, concurrency: int, log: Path):
+def start_worker(
+    root: Path, env: dict[str, str], mode: str, concurrency: int, log: Path
+) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
     handle = log.open("wb")
     proc = subprocess.Popen(
         [
@@ -261,7 +264,7 @@ def start_worker(root: Path, env: dict[str, str], mode: str, concurrency: int, l
     raise SystemExit(f"the {mode} worker did not become ready in 90 s; see {log}")
 
 
-def stop_worker(proc: subprocess.Popen[bytes], handle) -> None:
+def stop_worker(proc: subprocess.Popen[bytes], handle: IO[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
@@ -408,12 +411,13 @@ def main(argv: list[str] | None = None) -> int:
 
     plain = runs["plain"]
     failing_plain = sorted(n for n, o in plain.outcomes.items() if o == "failed")
+    differences_by_mode: dict[str, dict[str, tuple[str, str]]] = {}
     report: dict[str, object] = {
         "celery": version,
         "suites": files,
         "selection": selection,
         "runs": {m: {"seconds": round(r.seconds), "outcomes": r.outcomes} for m, r in runs.items()},
-        "differences": {},
+        "differences": differences_by_mode,
     }
     status = 0
     for mode, run in runs.items():
@@ -431,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
                 for n, d in diff.items()
                 if n in mode2.outcomes and plain2.outcomes.get(n) != mode2.outcomes.get(n)
             }
-        report["differences"][mode] = diff  # type: ignore[index]
+        differences_by_mode[mode] = diff
         print(f"\n{mode} vs plain: {len(diff)} difference(s)")
         for name, (p, o) in sorted(diff.items()):
             print(f"   {name}: plain {p}, {mode} {o}")
@@ -445,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     compared = sum(len(r.outcomes) for m, r in runs.items() if m != "plain")
     worse = sum(
         1
-        for diff in report["differences"].values()  # type: ignore[attr-defined]
+        for diff in differences_by_mode.values()
         for plain_outcome, pooled in diff.values()
         if pooled != "passed" and plain_outcome != "failed"
     )

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any, cast
 
-from celery import current_task, shared_task
+from celery import Task, current_task, shared_task
+from celery.result import AsyncResult
 
 from pools import current_claim, pooled
 
@@ -115,15 +117,17 @@ def spawn_children(n: int) -> list[str]:
     """Call the pooled ``add`` ``n`` times from a body; return the ids on this task's trail."""
     for i in range(n):
         add.delay(i, i)
-    return [r.id for r in current_task.request.children]
+    # celery-types says list[str]; Celery appends the AsyncResult of each call made here.
+    children = cast("list[AsyncResult[Any]]", current_task.request.children)
+    return [r.id for r in children]
 
 
 @shared_task(bind=True, acks_late=True)
 @pooled("partner-api")
-def reject_once(self) -> str:
+def reject_once(self: Task) -> str:
     """``Reject(requeue=True)`` unless the broker redelivered the message (Celery's own test)."""
     from celery.exceptions import Reject
 
-    if not self.request.delivery_info.get("redelivered"):
+    if not (self.request.delivery_info or {}).get("redelivered"):
         raise Reject("try again", requeue=True)
     return "second time"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import OperationalError
 from rest_framework import exceptions
+from rest_framework.response import Response
 
 from pools.api import errors
 from pools.core.snapshots import InvalidCursor
@@ -16,11 +17,20 @@ from pools.exceptions import (
     PoolConfigurationError,
     PoolDefinedInSettings,
     PoolDraining,
+    PoolError,
     PoolFull,
     PoolInUse,
     PoolUnavailable,
     UnknownPool,
 )
+
+
+def handle(exc: Exception) -> Response:
+    """The response the API's exception handler gives for ``exc`` (one it handles)."""
+    response = errors.exception_handler(exc, {})
+    assert response is not None, f"{exc!r} was not handled"
+    return response
+
 
 CASES = [
     (EntryNotFound("k"), 404, "entry_not_found"),
@@ -37,32 +47,31 @@ CASES = [
 
 
 @pytest.mark.parametrize("exc,status,code", CASES, ids=[c[2] for c in CASES])
-def test_pool_errors__status_and_body(exc, status, code):
-    response = errors.exception_handler(exc, {})
-    assert response is not None
+def test_pool_errors__status_and_body(exc: PoolError, status: int, code: str) -> None:
+    response = handle(exc)
     assert response.status_code == status
     assert response.data == {"detail": str(exc), "code": code}
 
 
-def test_unavailable__fixed_body_whatever_the_cause():
+def test_unavailable__fixed_body_whatever_the_cause() -> None:
     for exc in (
         PoolUnavailable("pool state is unavailable (pools p): lock timeout"),
         OperationalError("could not connect to server"),
     ):
-        response = errors.exception_handler(exc, {})
+        response = handle(exc)
         assert (response.status_code, response.data) == (503, {"detail": errors.UNAVAILABLE})
 
 
-def test_configuration_error_on_one_field__is_a_field_message():
+def test_configuration_error_on_one_field__is_a_field_message() -> None:
     exc = PoolConfigurationError("slots must be a positive integer, got 0.")
     exc.field = "slots"
-    response = errors.exception_handler(exc, {})
+    response = handle(exc)
     assert (response.status_code, response.data) == (400, {"slots": [str(exc)]})
 
 
-def test_drf_errors__keep_their_status_and_get_a_code():
-    response = errors.exception_handler(exceptions.PermissionDenied(), {})
+def test_drf_errors__keep_their_status_and_get_a_code() -> None:
+    response = handle(exceptions.PermissionDenied())
     assert response.status_code == 403 and response.data["code"] == "permission_denied"
-    response = errors.exception_handler(InvalidCursor("Invalid cursor 'x'."), {})
+    response = handle(InvalidCursor("Invalid cursor 'x'."))
     assert response.status_code == 400 and response.data["code"] == "invalid_cursor"
     assert errors.exception_handler(ValueError("a bug"), {}) is None, "bugs stay 500s"

@@ -26,7 +26,9 @@ def _fake_proc(root: Path, processes: dict[int, tuple[str, int, int, int]], stat
     (root / "self").mkdir(exist_ok=True)  # not a pid: ignored
 
 
-def test_snapshot__groups_workers_their_children_and_the_servers(tmp_path, monkeypatch):
+def test_snapshot__groups_workers_their_children_and_the_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     hz = os.sysconf("SC_CLK_TCK")
     _fake_proc(
         tmp_path,
@@ -55,12 +57,12 @@ def test_snapshot__groups_workers_their_children_and_the_servers(tmp_path, monke
     }
 
 
-def test_snapshot__none_without_proc(tmp_path, monkeypatch):
+def test_snapshot__none_without_proc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu, "PROC", tmp_path / "missing")
     assert cpu.snapshot([1]) is None
 
 
-def test_per_task_ms__difference_per_task_and_never_negative():
+def test_per_task_ms__difference_per_task_and_never_negative() -> None:
     before = {
         "celery main": 1.0,
         "pool processes": 2.0,
@@ -90,7 +92,7 @@ def test_per_task_ms__difference_per_task_and_never_negative():
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc (Linux)")
-def test_snapshot__counts_a_real_child_process_busy_on_the_cpu():
+def test_snapshot__counts_a_real_child_process_busy_on_the_cpu() -> None:
     """A child of a 'worker' spinning for 0.3 s shows up as pool-process CPU time."""
     spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
     # The "worker" is this test process; the spinning child is its pool process.
@@ -108,13 +110,13 @@ def test_snapshot__counts_a_real_child_process_busy_on_the_cpu():
     assert after["machine"] - before["machine"] >= spent - 0.05
 
 
-def test_median_by_key():
+def test_median_by_key() -> None:
     rows = [{"a": 1.0, "b": 10.0}, {"a": 3.0, "b": 30.0}, {"a": 2.0, "b": 5.0}]
     assert stats.median_by_key(rows) == {"a": 2.0, "b": 10.0}
     assert stats.median_by_key([]) is None
 
 
-def test_report__cpu_rows_show_pooled_with_plain_in_the_label():
+def test_report__cpu_rows_show_pooled_with_plain_in_the_label() -> None:
     cpu_ms = {
         "plain": {"machine": 3.25, "postgres": 0.0},
         "pooled": {"machine": 7.5, "postgres": 2.0},

@@ -49,7 +49,7 @@ def _target(results: dict, figure: str) -> dict:
 KILLED = "killed holder: slot back after (pools)"
 
 
-def test_killed_holder__met_only_within_the_lease():
+def test_killed_holder__met_only_within_the_lease() -> None:
     assert _target({"W5": _w5([29.0])}, KILLED)["met"] is True
     assert _target({"W5": _w5([30.0])}, KILLED)["met"] is True
     # Lease + the sweep's delay: not within the lease.
@@ -58,7 +58,7 @@ def test_killed_holder__met_only_within_the_lease():
     assert _target({"W5": _w5([20.0, 21.0, 31.0])}, KILLED)["met"] is False
 
 
-def test_killed_holder__shows_the_lease_and_the_recipe_ttl():
+def test_killed_holder__shows_the_lease_and_the_recipe_ttl() -> None:
     results = {"W5": _w5([31.0], lease=30.0, ttl=60.0)}
     row = _target(results, KILLED)
     assert "lease 30 s" in row["target"] and "TTL 60 s" in row["target"]
@@ -67,7 +67,7 @@ def test_killed_holder__shows_the_lease_and_the_recipe_ttl():
     assert line.endswith("NO")
 
 
-def test_w5_targets__zero_retries_and_inversions_in_every_repetition():
+def test_w5_targets__zero_retries_and_inversions_in_every_repetition() -> None:
     w5 = _w5([10.0])
     w5["no-op"]["pools"]["inversions"] = _summary(0, 0, 1)  # median 0, max 1
     results = {"W5": w5}
@@ -76,7 +76,7 @@ def test_w5_targets__zero_retries_and_inversions_in_every_repetition():
     assert _target(results, "no-op pools: hand-off p99")["met"] is True  # equal to the recipe's
 
 
-def test_table__starts_with_the_options():
+def test_table__starts_with_the_options() -> None:
     options = Options()
     text = report.table({"command": f"pools bench {options.command_line()}"})
     first = text.splitlines()[0]
@@ -90,7 +90,7 @@ def _parse(*argv: str, embedded: bool = False) -> Options:
     return cli.options_from(vars(parser.parse_args(argv)), embedded=embedded)
 
 
-def test_options__defaults_are_the_quick_sizes():
+def test_options__defaults_are_the_quick_sizes() -> None:
     options = _parse()
     assert options == Options()
     assert options.preset == "default"
@@ -98,7 +98,7 @@ def test_options__defaults_are_the_quick_sizes():
     assert options.depths == (1000, 10000, 100000)
 
 
-def test_options__the_embedded_stack_has_smaller_defaults_and_explicit_sizes_win():
+def test_options__the_embedded_stack_has_smaller_defaults_and_explicit_sizes_win() -> None:
     options = _parse("--tasks", "700", embedded=True)
     assert options.preset == "embedded"
     assert options.tasks == 700
@@ -106,7 +106,7 @@ def test_options__the_embedded_stack_has_smaller_defaults_and_explicit_sizes_win
     assert _parse("--full", embedded=True).tasks == FULL_SIZES["tasks"]
 
 
-def test_options__full_gives_the_issue_sizes_unless_a_size_is_given():
+def test_options__full_gives_the_issue_sizes_unless_a_size_is_given() -> None:
     options = _parse("--full", "--handoff-tasks", "50")
     assert options.preset == "full"
     assert options.tasks == 5000 and options.slow_tasks == 1000
@@ -117,14 +117,14 @@ def test_options__full_gives_the_issue_sizes_unless_a_size_is_given():
     assert _parse("--tasks", "5000").tasks == 5000
 
 
-def test_options__worker_args_are_passed_on_and_shown_quoted():
+def test_options__worker_args_are_passed_on_and_shown_quoted() -> None:
     options = _parse("--worker-args=--disable-prefetch --prefetch-multiplier 1")
     assert options.worker_args == "--disable-prefetch --prefetch-multiplier 1"
     assert "--worker-args '--disable-prefetch --prefetch-multiplier 1'" in options.command_line()
     assert "--worker-args" not in Options().command_line()
 
 
-def test_w1__release_lag_rows_beside_the_throughput():
+def test_w1__release_lag_rows_beside_the_throughput() -> None:
     d = _w1_body()
     d.update(lag_pooled=_summary(0.03), lag_plain=_summary(0.42))
     rows = {row[1]: row for row in report._rows({"W1": {"no-op": d}})}
@@ -136,7 +136,7 @@ def test_w1__release_lag_rows_beside_the_throughput():
     assert not [r for r in report._rows({"W1": {"no-op": d}}) if "release" in r[1]]
 
 
-def test_w1__stage_rows_show_where_the_hand_off_goes():
+def test_w1__stage_rows_show_where_the_hand_off_goes() -> None:
     d = _w1_body()
     d["stages"] = {
         name: {"p50": _summary(0.002), "p99": _summary(0.009)}

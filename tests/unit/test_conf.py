@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.test import override_settings
 
@@ -10,7 +12,7 @@ from pools.checks import check_settings
 from pools.exceptions import PoolConfigurationError
 
 
-def test_defaults():
+def test_defaults() -> None:
     with override_settings(POOLS={}):
         s = conf.get()
         assert s.LEASE_SECONDS == 30.0
@@ -18,7 +20,7 @@ def test_defaults():
         assert s.DEFINITIONS == {} and s.TASKS == {}
 
 
-def test_reload_on_override_settings():
+def test_reload_on_override_settings() -> None:
     with override_settings(POOLS={"LEASE_SECONDS": 9}):
         assert conf.get().LEASE_SECONDS == 9
     assert conf.get().LEASE_SECONDS == 30.0
@@ -34,7 +36,7 @@ def test_reload_on_override_settings():
         ([], "must be a dict"),
     ],
 )
-def test_invalid_settings__clear_error(pools, match):
+def test_invalid_settings__clear_error(pools: object, match: str) -> None:
     with override_settings(POOLS=pools), pytest.raises(PoolConfigurationError, match=match):
         conf.get()
 
@@ -51,7 +53,9 @@ def test_invalid_settings__clear_error(pools, match):
         ({"LEASE_SECONDS": 3, "HEARTBEAT_SECONDS": 5}, "pools.E004", "shorter"),
     ],
 )
-def test_system_checks__report_bad_definitions(pools, check_id, match):
+def test_system_checks__report_bad_definitions(
+    pools: dict[str, Any], check_id: str, match: str
+) -> None:
     with override_settings(POOLS=pools):
         errors = check_settings()
     assert [e.id for e in errors] == [check_id]

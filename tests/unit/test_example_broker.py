@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from queue import Empty
+from typing import Any
 
 import pytest
 from kombu import Connection
@@ -15,8 +17,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "example_project"))
 from example_project import broker
 
 
+def channel_of(conn: Connection) -> broker.Channel:
+    """The example broker's channel of ``conn``."""
+    channel = conn.default_channel
+    assert isinstance(channel, broker.Channel)
+    return channel
+
+
 @pytest.fixture
-def connection(tmp_path: Path):
+def connection(tmp_path: Path) -> Iterator[tuple[Connection, Path]]:
     folders = {name: tmp_path / name for name in ("queue", "processed", "control")}
     for folder in folders.values():
         folder.mkdir()
@@ -32,7 +41,7 @@ def connection(tmp_path: Path):
         yield conn, folders["queue"]
 
 
-def test_put__leaves_only_whole_message_files(connection):
+def test_put__leaves_only_whole_message_files(connection: tuple[Connection, Path]) -> None:
     conn, folder = connection
     channel = conn.default_channel
     assert isinstance(channel, broker.Channel)
@@ -44,9 +53,9 @@ def test_put__leaves_only_whole_message_files(connection):
     assert channel._get("jobs") == {"body": "x" * 10_000}
 
 
-def test_get__skips_a_file_still_being_written(connection):
+def test_get__skips_a_file_still_being_written(connection: tuple[Connection, Path]) -> None:
     conn, folder = connection
-    channel = conn.default_channel
+    channel = channel_of(conn)
     # What a producer leaves while it writes: an incomplete file under the hidden name.
     (folder / f"1_abc.jobs.msg{broker.PARTIAL}").write_bytes(b'{"body": "hal')
 
@@ -55,7 +64,9 @@ def test_get__skips_a_file_still_being_written(connection):
     assert channel._size("jobs") == 0
 
 
-def test_concurrent_producer_and_consumer__every_message_arrives_whole(connection, monkeypatch):
+def test_concurrent_producer_and_consumer__every_message_arrives_whole(
+    connection: tuple[Connection, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A slow encoder widens the window in which a message file exists but is not written.
 
     kombu's own channel creates the file before it encodes and writes the message, so a
@@ -64,7 +75,7 @@ def test_concurrent_producer_and_consumer__every_message_arrives_whole(connectio
     from kombu.transport import filesystem
     from kombu.utils.json import dumps
 
-    def slow_dumps(payload):
+    def slow_dumps(payload: Any) -> str:
         time.sleep(0.002)
         return dumps(payload)
 
@@ -77,11 +88,11 @@ def test_concurrent_producer_and_consumer__every_message_arrives_whole(connectio
     def produce() -> None:
         with conn.clone() as other:
             for i in range(count):
-                other.default_channel._put("jobs", {"i": i, "pad": "y" * 2000})
+                channel_of(other)._put("jobs", {"i": i, "pad": "y" * 2000})
 
     producer = threading.Thread(target=produce)
     producer.start()
-    channel = conn.default_channel
+    channel = channel_of(conn)
     while len(received) < count:
         try:
             received.append(channel._get("jobs")["i"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pools.exceptions import PoolConfigurationError
@@ -9,23 +11,23 @@ from pools.specs import PoolSpec, validate_pool_name
 
 
 @pytest.mark.parametrize("name", ["warehouse", "partner-api", "tenant:42", "a.b_c", "9lives"])
-def test_validate_pool_name__accepts_valid(name):
+def test_validate_pool_name__accepts_valid(name: str) -> None:
     assert validate_pool_name(name) == name
 
 
 @pytest.mark.parametrize("name", ["", "-x", "has space", "x" * 101, 3, None, "ümlaut"])
-def test_validate_pool_name__rejects_invalid(name):
+def test_validate_pool_name__rejects_invalid(name: object) -> None:
     with pytest.raises(PoolConfigurationError, match="Invalid pool name"):
         validate_pool_name(name)
 
 
-def test_build__single_pool():
+def test_build__single_pool() -> None:
     spec = PoolSpec.build("warehouse", 2, priority=10, queue_timeout=1800)
     assert spec.demand == {"warehouse": 2}
     assert (spec.priority, spec.queue_timeout) == (10, 1800.0)
 
 
-def test_build__multi_pool_sorted_by_lock_order():
+def test_build__multi_pool_sorted_by_lock_order() -> None:
     spec = PoolSpec.build({"warehouse": 1, "partner-api": 2})
     assert list(spec.demand) == ["partner-api", "warehouse"]
 
@@ -45,22 +47,24 @@ def test_build__multi_pool_sorted_by_lock_order():
         (("p",), {"queue_timeout": -5}, "queue_timeout must be a positive"),
     ],
 )
-def test_build__rejects_bad_arguments(args, kwargs, match):
+def test_build__rejects_bad_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], match: str
+) -> None:
     with pytest.raises(PoolConfigurationError, match=match):
         PoolSpec.build(*args, **kwargs)
 
 
-def test_with_call_options__overrides_priority_and_timeout():
+def test_with_call_options__overrides_priority_and_timeout() -> None:
     spec = PoolSpec.build("p", priority=1).with_call_options({"priority": 7, "queue_timeout": 5})
     assert (spec.priority, spec.queue_timeout) == (7, 5.0)
 
 
-def test_with_call_options__rejects_unknown_keys():
+def test_with_call_options__rejects_unknown_keys() -> None:
     with pytest.raises(PoolConfigurationError, match="Unknown pool_options"):
         PoolSpec.build("p").with_call_options({"prio": 1})
 
 
-def test_from_dict__settings_form():
+def test_from_dict__settings_form() -> None:
     spec = PoolSpec.from_dict({"pools": {"a": 1}, "priority": 3})
     assert spec.demand == {"a": 1} and spec.priority == 3
     with pytest.raises(PoolConfigurationError, match="expected keys"):

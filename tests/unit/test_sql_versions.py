@@ -31,7 +31,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_sql_versions__shipped_files_are_unchanged():
+def test_sql_versions__shipped_files_are_unchanged() -> None:
     changed = {
         name: _digest(SQL_DIR / name) for name in PINNED if _digest(SQL_DIR / name) != PINNED[name]
     }
@@ -41,12 +41,12 @@ def test_sql_versions__shipped_files_are_unchanged():
     )
 
 
-def test_sql_versions__every_version_file_is_pinned():
+def test_sql_versions__every_version_file_is_pinned() -> None:
     files = {p.name for p in SQL_DIR.glob("admission_v*.sql")}
     assert files == set(PINNED), f"pin the checksum of {sorted(files - set(PINNED))}"
 
 
-def test_sql_versions__the_callers_use_the_latest_version_and_a_migration_creates_it():
+def test_sql_versions__the_callers_use_the_latest_version_and_a_migration_creates_it() -> None:
     latest = max(int(re.search(r"v(\d+)", name).group(1)) for name in PINNED)  # type: ignore[union-attr]
     package = Path(pools.__file__).resolve().parent
     called = set()

@@ -56,6 +56,7 @@ class Command(BaseCommand):
 
         def parse_args(args: Any = None, namespace: Any = None) -> Namespace:
             # What follows 'bench' is the benchmark's own (see do_bench).
+            values: Namespace
             values, rest = parse_known(args, namespace)
             if rest and getattr(values, "action", None) != "bench":
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -1,0 +1,143 @@
+"""The chaos checker: pure functions over the bodies' own records.
+
+Method. A body holds its slots from its ``start`` line until the earlier of its ``end``
+line and ``valid_until`` — the end of its lease as its own process last renewed it. A body
+paused (SIGSTOP) past its lease keeps running for a moment after it resumes, until the
+keeper sees the renewal refused and interrupts it; from ``valid_until`` on it no longer
+holds a valid lease, its entry is back in line and the fencing token keeps its late writes
+out, so that tail is not counted. A SIGKILLed body writes no ``end``: it is counted until
+``valid_until``, which over-states its hold (the database too believes the slot taken until
+the lease lapses, so no other body may start on it before then).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Body:
+    """One run of a task body, as it recorded itself."""
+
+    key: str
+    entry: int
+    token: int
+    demand: dict[str, int]
+    start: float
+    end: float | None
+    valid_until: float
+    pid: int
+
+    @property
+    def holds_until(self) -> float:
+        """End of the interval during which this body held a valid lease."""
+        return self.valid_until if self.end is None else min(self.end, self.valid_until)
+
+
+@dataclass
+class Violations:
+    """What the checker found; empty lists mean the promises held."""
+
+    oversubscribed: list[str] = field(default_factory=list)
+    same_claim_twice: list[str] = field(default_factory=list)
+    same_entry_twice: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.oversubscribed or self.same_claim_twice or self.same_entry_twice)
+
+    def lines(self) -> list[str]:
+        return self.oversubscribed + self.same_claim_twice + self.same_entry_twice
+
+
+def read_bodies(where: Path) -> list[Body]:
+    """Pair the ``start`` and ``end`` lines of every body in ``where/bodies-*.jsonl``."""
+    starts: dict[tuple[int, int, int], dict[str, Any]] = {}
+    ends: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for path in sorted(where.glob("bodies-*.jsonl")):
+        for raw in path.read_text().splitlines():
+            if not raw.strip():
+                continue
+            line = json.loads(raw)
+            ident = (line["entry"], line["token"], line["pid"])
+            (starts if line["kind"] == "start" else ends)[ident] = line
+    bodies = []
+    for ident, s in starts.items():
+        e = ends.get(ident)
+        bodies.append(
+            Body(
+                key=s["key"],
+                entry=s["entry"],
+                token=s["token"],
+                demand={k: int(v) for k, v in s["demand"].items()},
+                start=s["t"],
+                end=e["t"] if e else None,
+                valid_until=e["valid_until"] if e else s["valid_until"],
+                pid=s["pid"],
+            )
+        )
+    return sorted(bodies, key=lambda b: b.start)
+
+
+def max_overlap(bodies: Iterable[Body]) -> dict[str, tuple[int, float]]:
+    """Per pool: the most slots held at once by bodies with a valid lease, and when."""
+    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for body in bodies:
+        if body.holds_until <= body.start:
+            continue
+        for pool, slots in body.demand.items():
+            events[pool].append((body.start, slots))
+            events[pool].append((body.holds_until, -slots))
+    peaks: dict[str, tuple[int, float]] = {}
+    for pool, items in events.items():
+        held, peak, when = 0, 0, 0.0
+        # At the same instant a release counts before an acquisition.
+        for t, delta in sorted(items, key=lambda x: (x[0], x[1])):
+            held += delta
+            if held > peak:
+                peak, when = held, t
+        peaks[pool] = (peak, when)
+    return peaks
+
+
+def _overlapping(group: list[Body]) -> list[tuple[Body, Body]]:
+    pairs = []
+    ordered = sorted(group, key=lambda b: b.start)
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1 :]:
+            if b.start >= a.holds_until:
+                break
+            if b.start < a.holds_until and a.start < b.holds_until:
+                pairs.append((a, b))
+    return pairs
+
+
+def check(bodies: list[Body], capacity: dict[str, int]) -> Violations:
+    """Never oversubscribe; never run one claim twice at once; one entry, one holder."""
+    found = Violations()
+    for pool, (peak, when) in sorted(max_overlap(bodies).items()):
+        if peak > capacity.get(pool, 0):
+            found.oversubscribed.append(
+                f"pool {pool}: {peak} slots held at once at t={when:.3f}, capacity {capacity.get(pool)}"
+            )
+    by_claim: dict[tuple[int, int], list[Body]] = defaultdict(list)
+    by_entry: dict[int, list[Body]] = defaultdict(list)
+    for body in bodies:
+        by_claim[(body.entry, body.token)].append(body)
+        by_entry[body.entry].append(body)
+    for (entry, token), group in sorted(by_claim.items()):
+        for a, b in _overlapping(group):
+            found.same_claim_twice.append(
+                f"entry {entry} token {token} ran twice at once (pids {a.pid}, {b.pid})"
+            )
+    for entry, group in sorted(by_entry.items()):
+        for a, b in _overlapping(group):
+            if a.token != b.token:
+                found.same_entry_twice.append(
+                    f"entry {entry} held by two bodies at once (tokens {a.token}, {b.token})"
+                )
+    return found

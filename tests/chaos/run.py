@@ -1,0 +1,581 @@
+"""The chaos scenario: pooled tasks through three pools while faults are injected.
+
+``python -m tests.chaos.run [--seed N] [--tasks N] [--faults N] [--kinds k1,k2]``
+
+Real PostgreSQL and Redis servers of its own (a cluster ``chaos`` on port 5433, created on
+first use with ``pg_createcluster``, and a ``redis-server`` on port 6380), so that restarting
+them disturbs nothing else on the machine; real ``celery worker`` prefork processes and a
+real ``celery beat`` (DatabaseScheduler) firing the sweep. The
+client submits ``--tasks`` calls of four pooled task types (single-pool, multi-pool and a
+retrying one) while ``--faults`` faults hit at random times, of these kinds:
+
+* ``sigkill``: a worker's whole process group is SIGKILLed, and a new worker started;
+* ``sigstop``: a worker child running a body is paused past its lease, then resumed;
+* ``pg_restart``: ``pg_ctlcluster ... restart``;
+* ``redis_restart``: the broker is shut down without saving (queued messages are lost)
+  and started again;
+* ``cancel_burst``: up to 20 random calls are cancelled at once.
+
+Then it waits for every entry to end, reads the bodies' own records
+(:mod:`tests.chaos.tasks`) and checks (:mod:`tests.chaos.check`): no pool ever had more
+slots held by bodies with a valid lease than its capacity, no claim ran twice at once,
+every entry ended and every ``AsyncResult`` is final. Results go to a filesystem result
+backend, which survives the broker restart. It prints one summary line and exits 1 on any
+violation. ``--seed`` reproduces the plan (times, kinds, task mix); the machine's timing
+still varies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+KINDS = ("sigkill", "sigstop", "pg_restart", "redis_restart", "cancel_burst")
+LEASE_SECONDS = 3.0
+SWEEP_SECONDS = 1.0
+#: The scenario's own servers, so that restarting them disturbs nothing else on the machine.
+PG_CLUSTER = "chaos"
+
+
+def redis_start(port: int) -> list[str]:
+    return [
+        "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", str(port),
+        "--save", "", "--appendonly", "no", "--dir", tempfile.gettempdir(),
+        "--logfile", str(Path(tempfile.gettempdir()) / f"redis-chaos-{port}.log"),
+    ]  # fmt: skip
+
+
+def _pg_version() -> str:
+    return sorted(os.listdir("/etc/postgresql"))[-1]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    generation: int = 0
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # due when this fraction of the calls has finished
+    started: float = 0.0
+    ended: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    workdir: Path
+    rng: random.Random
+    workers: list[Proc] = field(default_factory=list)
+    beat: Proc | None = None
+    keys: list[str] = field(default_factory=list)
+    cancelled: set[str] = field(default_factory=set)
+    submit_retries: int = 0
+    #: Workers (and beats) that exited by themselves and were started again, as a process
+    #: supervisor (systemd, Kubernetes) would; see :func:`supervise`.
+    restarted: Counter[str] = field(default_factory=Counter)
+    generation: int = 0
+    faults: list[Fault] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def configure(workdir: Path, args: argparse.Namespace) -> None:
+    """Environment read by tests/settings.py here and in every worker and beat."""
+    (workdir / "bodies").mkdir(parents=True)
+    (workdir / "results").mkdir()
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "POOLS_TEST_DB": "postgres",
+            "POOLS_PG_NAME": args.database,
+            "POOLS_PG_PORT": str(args.pg_port),
+            "CELERY_BROKER_URL": args.broker,
+            "CELERY_RESULT_BACKEND": f"file://{workdir / 'results'}",
+            "POOLS_LEASE_SECONDS": str(LEASE_SECONDS),
+            "POOLS_SWEEP_SECONDS": str(SWEEP_SECONDS),
+            "CHAOS_DIR": str(workdir / "bodies"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    os.environ.pop("POOLS_HEARTBEAT_SECONDS", None)
+    sys.path.insert(0, str(ROOT))
+
+
+def ensure_services(args: argparse.Namespace) -> None:
+    """The scenario's PostgreSQL cluster and Redis server up (created on first use)."""
+    version = _pg_version()
+    listed = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True).stdout
+    if not any(line.split()[:2] == [version, PG_CLUSTER] for line in listed.splitlines()):
+        subprocess.run(
+            ["pg_createcluster", version, PG_CLUSTER, "-p", str(args.pg_port), "--",
+             "--auth=trust"],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+    subprocess.run(_pg_ctl("start"), capture_output=True)  # "already running" is fine
+    _wait(lambda: _pg_up(args.pg_port), 60, "PostgreSQL (chaos cluster) to accept connections")
+    if not _redis_up(args.redis_port):
+        subprocess.run(redis_start(args.redis_port), check=True, capture_output=True)
+        _wait(lambda: _redis_up(args.redis_port), 20, "Redis (chaos) to start")
+
+
+def _pg_ctl(action: str) -> list[str]:
+    return ["pg_ctlcluster", "--skip-systemctl-redirect", _pg_version(), PG_CLUSTER, action]
+
+
+def _pg_up(port: int) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres"):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def _redis_up(port: int) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def fresh_database(name: str, port: int) -> None:
+    import psycopg
+
+    dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def setup_django(args: argparse.Namespace) -> None:
+    import django
+    import redis
+
+    fresh_database(args.database, args.pg_port)
+    redis.Redis.from_url(args.broker).flushdb()
+    django.setup()
+    from django.core.management import call_command
+
+    from pools.core import definitions
+    from tests.chaos.tasks import POOLS
+
+    call_command("migrate", verbosity=0)
+    for name, slots in POOLS.items():
+        definitions.create_pool(name=name, slots=slots)
+
+
+def _wait(predicate: Any, timeout: float, what: str, step: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _celery(run: Run, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests", *args],
+            cwd=ROOT,
+            env=dict(os.environ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def start_worker(run: Run) -> Proc:
+    from celery import current_app
+
+    run.generation += 1
+    name = f"chaos{run.generation}@{socket.gethostname()}"
+    log = run.workdir / f"worker-{run.generation}.log"
+    popen = _celery(
+        run,
+        ["worker", "-c", str(run.args.concurrency), "-P", "prefork", "-n", name,
+         "-I", "tests.chaos.tasks", "-l", "info", "-O", "fair",
+         "--without-gossip", "--without-mingle"],
+        log,
+    )  # fmt: skip
+    proc = Proc(name, popen, log, run.generation)
+
+    def ready() -> bool:
+        if not proc.alive():
+            raise RuntimeError(f"worker {name} exited; see {log}")
+        try:
+            replies = current_app.control.ping(destination=[name], timeout=0.5) or []
+        except Exception:  # the broker restarting: not ready yet
+            return False
+        return any(name in reply for reply in replies)
+
+    _wait(ready, 90, f"worker {name} to answer a ping", step=0.5)
+    run.workers.append(proc)
+    return proc
+
+
+def start_beat(run: Run) -> Proc:
+    log = run.workdir / "beat.log"
+    popen = _celery(
+        run,
+        ["beat", "-S", "django_celery_beat.schedulers:DatabaseScheduler", "--max-interval", "1",
+         "-l", "info", "-s", str(run.workdir / "beat-schedule")],
+        log,
+    )  # fmt: skip
+    return Proc("beat", popen, log)
+
+
+def stop(procs: list[Proc], timeout: float = 15.0) -> None:
+    for p in procs:
+        if p.alive():
+            p.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(p.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.popen.wait(timeout=timeout)
+
+
+def supervise(run: Run) -> None:
+    """Start again what exited by itself, as systemd's ``Restart=always`` would.
+
+    Celery 5.7 / kombu 5.7 workers on Redis can die when the broker restarts
+    ("Unrecoverable error: AttributeError ... 'hostname'" while restoring unacked messages
+    on a dead connection): that is the broker client's behaviour, not the pools', and
+    production runs workers under a supervisor. The summary reports how often it happened.
+    """
+    for worker in [w for w in run.workers if not w.alive()]:
+        run.workers.remove(worker)
+        run.restarted["worker"] += 1
+        start_worker(run)
+    if run.beat is not None and not run.beat.alive():
+        run.restarted["beat"] += 1
+        run.beat = start_beat(run)
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def plan_tasks(run: Run) -> list[tuple[str, int]]:
+    """(task name, body milliseconds) for each call, from the seed."""
+    mix = [("chaos.single_a", 40), ("chaos.single_b", 25), ("chaos.multi_ac", 15),
+           ("chaos.retrying_c", 20)]  # fmt: skip
+    names = [n for n, _ in mix]
+    weights = [w for _, w in mix]
+    out = []
+    for _ in range(run.args.tasks):
+        name = run.rng.choices(names, weights)[0]
+        long = run.rng.random() < 0.15  # long bodies give the pauses something to pause
+        out.append((name, run.rng.randint(400, 1500) if long else run.rng.randint(10, 60)))
+    return out
+
+
+def plan_faults(run: Run) -> list[Fault]:
+    """Faults of the chosen kinds in turn, each due at a random point of the work.
+
+    ``at`` is a fraction of the calls finished (results stored), between 5 % and 85 %, so
+    faults fall while work is in flight however fast the machine is.
+    """
+    kinds = [k for k in run.args.kinds.split(",") if k]
+    chosen = [kinds[i % len(kinds)] for i in range(run.args.faults)]
+    run.rng.shuffle(chosen)
+    points = sorted(run.rng.uniform(0.05, 0.85) for _ in chosen)
+    return [Fault(kind, at) for kind, at in zip(chosen, points, strict=True)]
+
+
+def finished_fraction(run: Run) -> float:
+    """Share of the planned calls whose result is stored (one file each)."""
+    return len(os.listdir(run.workdir / "results")) / max(int(run.args.tasks), 1)
+
+
+def submit(run: Run, name: str, millis: int) -> None:
+    from celery import current_app
+
+    from pools.exceptions import PoolUnavailable
+
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            result = current_app.send_task(name, args=[millis])
+            run.keys.append(result.id)
+            return
+        except PoolUnavailable:  # PostgreSQL restarting: the caller retries
+            run.submit_retries += 1
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def _open_bodies(run: Run) -> dict[int, float]:
+    """pid -> start time of bodies that have started and not ended (per the records)."""
+    from tests.chaos.check import read_bodies
+
+    return {b.pid: b.start for b in read_bodies(run.workdir / "bodies") if b.end is None}
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def _resume(pid: int) -> None:
+    """SIGCONT a paused process (gone already if its worker was SIGKILLed meanwhile)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def inject(run: Run, fault: Fault, resume_at: list[tuple[float, int]]) -> None:
+    fault.started = time.time()
+    live = [w for w in run.workers if w.alive()]
+    if fault.kind == "sigkill" and live:
+        victim = run.rng.choice(live)
+        os.killpg(victim.popen.pid, signal.SIGKILL)
+        victim.popen.wait()
+        run.workers.remove(victim)
+        start_worker(run)
+        fault.detail = victim.name
+    elif fault.kind == "sigstop":
+        children = {c for w in live for c in _children(w.popen.pid)}
+        paused = {pid for _, pid in resume_at}
+        children -= paused
+        busy = [pid for pid in _open_bodies(run) if pid in children]
+        pool = busy or sorted(children)
+        if pool:
+            pid = run.rng.choice(sorted(pool))
+            os.kill(pid, signal.SIGSTOP)
+            resume_at.append((time.monotonic() + LEASE_SECONDS + 1.5, pid))
+            fault.detail = f"pid {pid}{' (in a body)' if busy else ''}"
+    elif fault.kind == "pg_restart":
+        subprocess.run(_pg_ctl("restart"), check=True, capture_output=True)
+    elif fault.kind == "redis_restart":
+        port = run.args.redis_port
+        subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", str(port), "shutdown", "nosave"],
+            capture_output=True,
+        )
+        _wait(lambda: not _redis_up(port), 10, "Redis to stop")
+        subprocess.run(redis_start(port), check=True, capture_output=True)
+        _wait(lambda: _redis_up(port), 20, "Redis to start")
+    elif fault.kind == "cancel_burst":
+        import pools
+        from pools.exceptions import PoolError
+        from pools.models import EntryState, QueueEntry
+
+        waiting = sorted(
+            QueueEntry.objects.filter(state=EntryState.WAITING).values_list("key", flat=True)
+        )
+        picked = run.rng.sample(waiting, min(20, len(waiting)))
+        for key in picked:
+            try:
+                pools.cancel(key)
+                run.cancelled.add(key)
+            except PoolError:
+                pass  # already admitted, running or done: not cancellable
+        fault.detail = f"{len(picked)} tried"
+    fault.ended = time.time()
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def drain(run: Run, timeout: float) -> dict[str, int]:
+    """Wait until every entry has ended; returns what is left per state (empty: all ended)."""
+    from django.db import connection
+    from django.db.models import Count
+
+    from pools.models import TERMINAL_STATES, QueueEntry
+
+    def left() -> dict[str, int]:
+        try:
+            rows = (
+                QueueEntry.objects.exclude(state__in=TERMINAL_STATES)
+                .values("state")
+                .annotate(n=Count("pk"))
+            )
+            return {r["state"]: r["n"] for r in rows}
+        except Exception:
+            connection.close()
+            return {"unknown": 1}
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        remaining = left()
+        if not remaining:
+            return {}
+        supervise(run)
+        time.sleep(0.5)
+    return left()
+
+
+def unfinished_results(run: Run, timeout: float) -> list[str]:
+    from celery import current_app
+    from celery.states import READY_STATES
+
+    deadline = time.monotonic() + timeout
+    pending = list(run.keys)
+    while pending and time.monotonic() < deadline:
+        pending = [k for k in pending if current_app.AsyncResult(k).state not in READY_STATES]
+        if pending:
+            time.sleep(0.5)
+    return pending
+
+
+def recovery(fault: Fault, starts: list[float]) -> float | None:
+    """Seconds from the fault until the next body start after it ended."""
+    after = [t for t in starts if t >= fault.ended]
+    return min(after) - fault.started if after else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--faults", type=int, default=20)
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=60.0, help="calls submitted per second")
+    parser.add_argument("--drain-timeout", type=float, default=300.0)
+    parser.add_argument("--database", default="pools_chaos")
+    parser.add_argument(
+        "--pg-port", type=int, default=5433, help="port of the scenario's own cluster 'chaos'"
+    )
+    parser.add_argument("--redis-port", type=int, default=6380, help="the scenario's own Redis")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+    unknown = set(args.kinds.split(",")) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown fault kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
+
+    args.broker = f"redis://127.0.0.1:{args.redis_port}/0"
+    workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{args.seed}-"))
+    run = Run(args=args, workdir=workdir, rng=random.Random(args.seed))
+    configure(workdir, args)
+    ensure_services(args)
+    setup_django(args)
+    began = time.monotonic()
+    resume_at: list[tuple[float, int]] = []
+    try:
+        for _ in range(args.workers):
+            start_worker(run)
+        run.beat = start_beat(run)
+        calls = plan_tasks(run)
+        run.faults = plan_faults(run)
+        todo = list(run.faults)
+        t0 = time.monotonic()
+        i = 0
+        stalled_since, last_done = time.monotonic(), -1.0
+        while i < len(calls) or todo:
+            now = time.monotonic()
+            for item in [r for r in resume_at if r[0] <= now]:
+                resume_at.remove(item)
+                _resume(item[1])
+            supervise(run)
+            done = finished_fraction(run)
+            if done != last_done:
+                stalled_since, last_done = now, done
+            if todo and (done >= todo[0].at or now - stalled_since > 60):
+                # (a run stalled for a minute still gets its faults, then fails the checks)
+                inject(run, todo.pop(0), resume_at)
+                stalled_since = time.monotonic()
+                continue
+            if i < len(calls) and now >= t0 + i / args.rate:
+                submit(run, *calls[i])
+                i += 1
+                continue
+            time.sleep(0.02)
+        for at, pid in sorted(resume_at):
+            time.sleep(max(at - time.monotonic(), 0))
+            _resume(pid)
+        resume_at.clear()
+        left = drain(run, args.drain_timeout)
+        pending = unfinished_results(run, 60.0)
+    finally:
+        for _, pid in resume_at:
+            _resume(pid)
+        stop([*run.workers, *([run.beat] if run.beat else [])])
+        ensure_services(args)
+
+    from tests.chaos.check import check, max_overlap, read_bodies
+    from tests.chaos.tasks import POOLS
+
+    bodies = read_bodies(workdir / "bodies")
+    violations = check(bodies, POOLS)
+    peaks = max_overlap(bodies)
+    starts = sorted(b.start for b in bodies)
+    recoveries = [(r, f.kind) for f in run.faults if (r := recovery(f, starts)) is not None]
+    slowest = max(recoveries, default=(0.0, "-"))
+    kinds = Counter(f.kind for f in run.faults)
+    overlap = ", ".join(f"{p} {peaks.get(p, (0, 0))[0]}/{c}" for p, c in POOLS.items())
+    lost = sum(left.values())
+    summary = (
+        f"chaos: seed {args.seed}, {len(run.keys)} tasks ({len(bodies)} bodies, "
+        f"{len(run.cancelled)} cancelled, {run.submit_retries} submit retries), "
+        f"{len(run.faults)} faults ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}); "
+        f"max overlap {overlap}; lost entries {lost}{f' {left}' if left else ''}; "
+        f"results not final {len(pending)}; slowest recovery {slowest[0]:.1f}s ({slowest[1]}); "
+        f"restarted by the supervisor: {dict(run.restarted) or 'none'}; "
+        f"{time.monotonic() - began:.0f}s"
+    )
+    for line in violations.lines():
+        print(f"VIOLATION: {line}")
+    for fault in run.faults:
+        print(
+            f"  fault {fault.kind:<13} at {fault.at:4.0%} done, took {fault.ended - fault.started:4.1f}s"
+            f" {fault.detail}"
+        )
+    if pending:
+        print(f"results not final (first 5): {pending[:5]}")
+    if args.keep:
+        print(f"work directory: {workdir}")
+    print(summary)
+    failed = bool(violations) or lost > 0 or bool(pending)
+    if not args.keep and not failed:
+        shutil.rmtree(workdir, ignore_errors=True)
+    elif failed:
+        print(f"logs and records kept in {workdir}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The bounded chaos run of ``make test``: 2,000 pooled tasks, 20 faults of every kind.
+
+It restarts PostgreSQL and Redis on this machine, so it runs in its own tier
+(``make test-chaos``), never next to other tests. ``python -m tests.chaos.run --help``
+scales it up for a long soak (``--tasks 20000 --faults 200``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.chaos]
+
+
+def test_chaos__promises_hold_under_twenty_faults() -> None:
+    seed = os.environ.get("CHAOS_SEED", "20261203")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.chaos.run", "--seed", seed, "--tasks", "2000",
+         "--faults", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # fmt: skip
+    print(proc.stdout[-6000:], proc.stderr[-4000:], sep="\n")
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("chaos: ")]
+    assert summary, "the runner printed no summary line"
+    assert proc.returncode == 0, summary[-1]
+    assert "lost entries 0;" in summary[-1] and "results not final 0;" in summary[-1]

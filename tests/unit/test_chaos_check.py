@@ -1,0 +1,78 @@
+"""The chaos checker catches what it claims to catch (synthetic records, no services)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.chaos.check import Body, check, max_overlap, read_bodies
+
+
+def body(entry: int, start: float, end: float | None, valid_until: float, *, token: int = 1,
+         demand: dict[str, int] | None = None, pid: int = 1) -> Body:  # fmt: skip
+    return Body(
+        key=f"k{entry}",
+        entry=entry,
+        token=token,
+        demand=demand or {"p": 1},
+        start=start,
+        end=end,
+        valid_until=valid_until,
+        pid=pid,
+    )
+
+
+def test_overlap_beyond_capacity__is_a_violation() -> None:
+    found = check([body(1, 0, 2, 10), body(2, 1, 3, 10)], {"p": 1})
+    assert found.oversubscribed and "pool p: 2 slots" in found.oversubscribed[0]
+
+
+def test_back_to_back_bodies__are_not_an_overlap() -> None:
+    assert not check([body(1, 0, 1, 10), body(2, 1, 2, 10)], {"p": 1})
+
+
+def test_paused_body__counts_only_while_its_lease_was_valid() -> None:
+    # Body 1 is paused at t=1, its lease lapses at t=3, body 2 takes the slot at t=4, body 1
+    # resumes and ends at t=8: only [0, 3] of it counts.
+    bodies = [body(1, 0, 8, 3), body(2, 4, 5, 20)]
+    assert not check(bodies, {"p": 1})
+    assert max_overlap(bodies)["p"][0] == 1
+
+
+def test_killed_body__counts_until_its_lease_lapses() -> None:
+    # Body 1 was SIGKILLed (no end line): a body starting before its lease lapsed overlaps.
+    assert check([body(1, 0, None, 3), body(2, 2, 2.5, 20)], {"p": 1}).oversubscribed
+    assert not check([body(1, 0, None, 3), body(2, 3.5, 4, 20)], {"p": 1})
+
+
+def test_multi_pool_demand__counts_its_slots_in_each_pool() -> None:
+    ac = {"a": 1, "c": 2}
+    found = check(
+        [body(1, 0, 2, 10, demand=ac), body(2, 1, 3, 10, demand={"c": 1})], {"a": 3, "c": 2}
+    )
+    assert [line.split(":")[0] for line in found.oversubscribed] == ["pool c"]
+
+
+def test_same_claim_running_twice_at_once__is_a_violation() -> None:
+    found = check([body(1, 0, 2, 10, pid=1), body(1, 1, 3, 10, pid=2)], {"p": 2})
+    assert found.same_claim_twice
+
+
+def test_same_entry_two_tokens_at_once__is_a_violation() -> None:
+    found = check([body(1, 0, 2, 10, token=1), body(1, 1, 3, 10, token=2, pid=2)], {"p": 2})
+    assert found.same_entry_twice and not found.same_claim_twice
+
+
+def test_read_bodies__pairs_start_and_end_lines(tmp_path: Path) -> None:
+    lines = [
+        {"kind": "start", "entry": 1, "token": 1, "pid": 7, "key": "a", "demand": {"p": 1},
+         "t": 1.0, "valid_until": 4.0},
+        {"kind": "end", "entry": 1, "token": 1, "pid": 7, "key": "a", "demand": {"p": 1},
+         "t": 2.0, "valid_until": 5.0},
+        {"kind": "start", "entry": 2, "token": 1, "pid": 8, "key": "b", "demand": {"p": 1},
+         "t": 1.5, "valid_until": 4.5},
+    ]  # fmt: skip
+    (tmp_path / "bodies-7.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    first, second = read_bodies(tmp_path)
+    assert (first.start, first.end, first.valid_until, first.holds_until) == (1.0, 2.0, 5.0, 2.0)
+    assert (second.end, second.holds_until) == (None, 4.5)

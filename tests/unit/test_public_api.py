@@ -1,0 +1,73 @@
+"""The public API in ``pools``: real signatures and types, and import-safe.
+
+mypy checks this file too (``make lint``): the ``assert_type`` calls below fail type
+checking if ``pools.pooled`` / ``pools.snapshot`` fall back to ``Any``-typed wrappers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, assert_type
+
+import pools
+from pools.celery import decorators, worker
+from pools.core import admission, snapshots
+
+if TYPE_CHECKING:
+    from pools.core.leases import Claim
+    from pools.core.snapshots import PoolSnapshot
+    from pools.models import QueueEntry
+
+
+def _params(func: Callable[..., object]) -> list[tuple[str, object, object]]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]
+
+
+def test_pooled__has_the_decorator_parameters_and_return_type() -> None:
+    assert _params(pools.pooled) == _params(decorators.pooled)
+    assert inspect.signature(pools.pooled).return_annotation == "Callable[[T], T]"
+
+
+def test_snapshot_cancel_current_claim__annotated_with_their_real_types() -> None:
+    assert inspect.signature(pools.snapshot).return_annotation == "PoolSnapshot"
+    assert inspect.signature(pools.cancel).return_annotation == "QueueEntry"
+    assert inspect.signature(pools.current_claim).return_annotation == "Claim | None"
+    # Each parameter of the public function exists, with the same default, on the engine's.
+    for public, engine in (
+        (pools.snapshot, snapshots.snapshot),
+        (pools.cancel, admission.cancel),
+        (pools.current_claim, worker.current_claim),
+    ):
+        real = inspect.signature(engine).parameters
+        for name, kind, default in _params(public):
+            assert name in real and (real[name].kind, real[name].default) == (kind, default)
+
+
+def test_pooled__decorates_a_function_and_keeps_its_type() -> None:
+    def body(x: int) -> int:
+        return x + 1
+
+    wrapped: Callable[[int], int] = pools.pooled("typed-pool", slots=2)(body)
+    assert wrapped(1) == 2
+
+
+def _typed_uses(body: Callable[[int], str]) -> None:  # never called: for mypy only
+    # assert_type fails type checking on Any, unlike an annotated assignment.
+    assert_type(pools.snapshot("p"), PoolSnapshot)
+    assert_type(pools.cancel("key", terminate=True), QueueEntry)
+    assert_type(pools.current_claim(), Claim | None)
+    assert_type(pools.pooled("p", 2, priority=1, queue_timeout=None)(body), Callable[[int], str])
+
+
+def test_import_pools__touches_neither_models_nor_celery() -> None:
+    code = (
+        "import sys, pools; "
+        "bad = [m for m in ('pools.models', 'celery', 'rest_framework', 'django.db.models.base')"
+        " if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
