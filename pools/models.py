@@ -86,6 +86,18 @@ class Pool(models.Model):
         help_text=_("A paused pool admits nothing; entries keep their place."),
     )
     description = models.TextField(_("description"), blank=True)
+    #: Slots held by this pool's admitted and running entries: changed only under this
+    #: row's lock, by admission (+) and settle / requeue (-); the sweep checks it against
+    #: the holders (:func:`pools.core.sweeps.check_held`).
+    held = models.PositiveIntegerField(
+        _("held"),
+        default=0,
+        editable=False,
+        help_text=_("Slots held by admitted and running entries (kept by admission)."),
+    )
+    #: Admissions made in this pool so far (under its row lock): the source of
+    #: :attr:`QueueEntry.admission_seq`.
+    admissions = models.PositiveBigIntegerField(_("admissions"), default=0, editable=False)
     #: When the first delayed entry (``not_before`` ahead) of this pool is due, or earlier:
     #: admission passes look for due entries only once it has passed (no query otherwise).
     next_due_at = models.DateTimeField(_("next due at"), null=True, blank=True, editable=False)
@@ -141,6 +153,10 @@ class QueueEntry(models.Model):
     attempt = models.PositiveIntegerField(_("attempt"), default=0, help_text=_("Celery retries."))
     reason = models.CharField(_("reason"), max_length=255, blank=True)
     admitted_at = models.DateTimeField(_("admitted at"), null=True, blank=True)
+    #: The order of its (last) admission in its first pool by name: that pool's
+    #: ``admissions`` count after it. ``admitted_at`` is the admitting call's clock, read
+    #: before it waited for the lock, so it does not order admissions of concurrent calls.
+    admission_seq = models.PositiveBigIntegerField(_("admission order"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
@@ -154,23 +170,29 @@ class QueueEntry(models.Model):
             ("start_job", _("Can start a periodic task now (manual start)")),
         ]
         # Every state change of an entry is a new row version with an entry in each index
-        # whose condition it meets: partial indexes keep that (and the WAL) small. Each one
-        # serves range queries on its column, which imply the condition.
+        # whose condition it meets: partial indexes keep that (and the WAL) small. No index
+        # names ``state``, so a change that moves no indexed column (start, which keeps a
+        # lease that has most of its time left) is a HOT update with no index entry at all;
+        # the table keeps free space on each page for those (fillfactor, migration 0007).
+        # Each index serves range queries on its column that imply its condition.
         indexes = [
             models.Index(fields=["key"], name="pools_entry_key"),  # no LIKE twin: = only
+            # A lease is set exactly while the entry holds its slots (lapsed-lease sweep).
             models.Index(
-                fields=["state", "lease_expires_at"],
-                name="pools_entry_state_lease",
+                fields=["lease_expires_at"],
+                name="pools_entry_lease",
                 condition=models.Q(lease_expires_at__isnull=False),
             ),
+            # Unfinished entries with a deadline (expiry sweep).
             models.Index(
-                fields=["state", "deadline"],
-                name="pools_entry_state_deadline",
-                condition=models.Q(deadline__isnull=False),
+                fields=["deadline"],
+                name="pools_entry_deadline",
+                condition=models.Q(deadline__isnull=False, finished_at__isnull=True),
             ),
+            # Finished entries (retention, history).
             models.Index(
-                fields=["state", "finished_at"],
-                name="pools_entry_state_finished",
+                fields=["finished_at"],
+                name="pools_entry_finished",
                 condition=models.Q(finished_at__isnull=False),
             ),
             models.Index(

@@ -473,7 +473,7 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
     from pools.specs import PoolSpec
 
     if cfg.sabotage:
-        admission._held_by_pool = lambda pool_ids: {}
+        admission._held_by_pool = lambda pools: {}
     stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec
@@ -565,9 +565,8 @@ def _states() -> str:
 
 # --------------------------------------------------------------------------- SQL sabotage
 
-#: The statement of ``pools_admit_v3`` that counts held slots (see admission_v3.sql).
-HELD_SUM_SQL = """        SELECT r.slots - COALESCE(SUM(d.slots), 0) INTO v_free FROM pools_demand d
-         WHERE d.pool_id = r.id AND d.state IN ('admitted', 'running');"""
+#: The statement of ``pools_admit_v4`` that reads the held slots (see admission_v4.sql).
+HELD_SUM_SQL = """        v_free := r.slots - r.held;"""
 
 
 def _admission_sql() -> str:
@@ -575,11 +574,11 @@ def _admission_sql() -> str:
 
     import pools
 
-    return (Path(pools.__file__).resolve().parent / "pg" / "sql" / "admission_v3.sql").read_text()
+    return (Path(pools.__file__).resolve().parent / "pg" / "sql" / "admission_v4.sql").read_text()
 
 
 def install_sabotaged_sql() -> None:
-    """Replace ``pools_admit_v3`` in the test database by a copy that ignores held slots.
+    """Replace ``pools_admit_v4`` in the test database by a copy that ignores held slots.
 
     The self-test of the proof on the fast path: only the stored function is broken
     (multi-pool heads still go through the intact Python pass).
@@ -588,7 +587,7 @@ def install_sabotaged_sql() -> None:
 
     text = _admission_sql()
     if HELD_SUM_SQL not in text:
-        raise RuntimeError("admission_v3.sql changed: update HELD_SUM_SQL in tests/contention.py")
+        raise RuntimeError("admission_v4.sql changed: update HELD_SUM_SQL in tests/contention.py")
     with connection.cursor() as cursor:
         cursor.execute(text.replace(HELD_SUM_SQL, "        v_free := r.slots;  -- SABOTAGED"))
 
@@ -696,7 +695,7 @@ def run(
     ``fast_path`` picks the path on PostgreSQL (default: the settings'; SQLite always
     runs the ORM path). ``sabotage=True`` breaks the admission *of the path under test* so
     that it ignores held slots: the ORM pass in the children, or on the fast path the
-    stored function ``pools_admit_v3`` (a sabotaged copy installed in the test database
+    stored function ``pools_admit_v4`` (a sabotaged copy installed in the test database
     for the run). A self-test showing that the recorder and :func:`sweep` do catch
     oversubscription on that path.
     """

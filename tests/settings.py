@@ -111,7 +111,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("POOLS_TEST_PREFETCH", "1"))
 # Keep worker database connections between tasks (Celery's Django fixup otherwise closes
 # them before and after every task, and each pooled task would reconnect to settle).
-CELERY_DB_REUSE_MAX = 1000
+CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000")) or None  # 0: unset
 
 POOLS: dict[str, Any] = {
     "DEFINITIONS": {

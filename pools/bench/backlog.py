@@ -154,10 +154,10 @@ def entry_times(keys: Mapping[int, str]) -> dict[int, tuple[float, float, float]
     }
 
 
-def scalar(sql: str, params: Sequence[Any] = ()) -> Any:
+def scalar(sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
     """The first column of the first row of ``sql`` (None when there is no row)."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, list(params))
+        cursor.execute(sql, params if isinstance(params, dict) else list(params))
         row = cursor.fetchone()
     return row[0] if row else None
 
@@ -169,10 +169,29 @@ def wal_position() -> str | None:
     return str(scalar("SELECT pg_current_wal_lsn()::text"))
 
 
+#: WAL records of this database since a position: those that touch its relations, and
+#: every record (commits included) of the transactions that wrote those (pg_walinspect).
+_OWN_WAL = """
+WITH r AS (
+    SELECT xid, record_length, block_ref LIKE %(rel)s AS here
+      FROM pg_get_wal_records_info(%(start)s::pg_lsn, pg_current_wal_lsn())
+), mine AS (SELECT DISTINCT xid FROM r WHERE here AND xid <> '0')
+SELECT COALESCE(sum(record_length), 0) FROM r WHERE here OR xid IN (SELECT xid FROM mine)
+"""
+
+
 def wal_bytes_since(position: str | None) -> float | None:
-    """Bytes of write-ahead log written since ``position`` (by every session)."""
+    """Bytes of write-ahead log written since ``position``.
+
+    With the ``pg_walinspect`` extension in the database (PostgreSQL 15+), only the WAL
+    of this database's work counts: other databases of the same server (a shared machine's
+    test runs) write WAL too. Without it, everything every session wrote.
+    """
     if position is None:
         return None
+    if scalar("SELECT count(*) FROM pg_extension WHERE extname = 'pg_walinspect'"):
+        dboid = scalar("SELECT oid FROM pg_database WHERE datname = current_database()")
+        return float(scalar(_OWN_WAL, {"rel": f"%/{dboid}/%", "start": position}))
     return float(scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [position]))
 
 

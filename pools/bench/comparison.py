@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from django.db import connection
+from django.db.models import Sum
 
 from pools import conf
 from pools.bench import backlog, recipe, stats, tasks
@@ -25,7 +26,7 @@ from pools.bench.runs import Run, plain_run, pooled_run
 from pools.bench.workers import POOLED_QUEUE, RECIPE_QUEUE
 from pools.bench.workloads import SLOW
 from pools.core import sweeps
-from pools.models import EventKind, PoolEvent, QueueEntry
+from pools.models import QueueEntry
 
 #: Pool priorities of the mix, and the Celery (Redis) message priority the recipe uses for
 #: each: on Redis, 0 is served first.
@@ -66,28 +67,20 @@ def recipe_order(spans: list[dict[str, Any]], prio: dict[int, int], mark: int) -
 def pools_order(pool: str, keys: list[str]) -> dict[str, Any]:
     """``(priority, queued, acquired)`` of each pooled task, in the order of admission.
 
-    The ids of the pool's ``enqueued`` and ``admitted`` event rows: admissions of one pool
-    are serialized by its row lock and one pass logs its admissions in line order, so the
-    ids give the order in which entries took their slots, free of the clock and pickup
-    jitter of the bodies' start times. The priority is the entry's own. An entry with no
-    ``enqueued`` row counts as queued before everything (the backlog is in line before the
-    pool is released). If the engine logged no ``admitted`` row for some entry, the entries'
-    ``admitted_at`` is used instead (entries admitted in one pass then share a time).
+    Admissions of one pool are serialized by its row lock, which counts them: each entry's
+    ``admission_seq`` is its place in that count, the order in which entries took their
+    slots, free of the clock and pickup jitter of the bodies' start times. The priority is
+    the entry's own. Every entry counts as queued before the first admission (the backlog
+    is in line before the pool is released).
     """
-    priority = dict(QueueEntry.objects.filter(key__in=keys).values_list("key", "priority"))
-    queued: dict[str, int] = {}
-    admitted: dict[str, int] = {}
-    rows = PoolEvent.objects.filter(
-        pool=pool, key__in=keys, kind__in=[EventKind.ENQUEUED, EventKind.ADMITTED]
-    ).values_list("id", "kind", "key")
-    for event_id, kind, key in rows.order_by("id"):
-        (queued if kind == EventKind.ENQUEUED else admitted).setdefault(key, event_id)
-    if all(k in admitted for k in keys):
-        items = [(priority[k], float(queued.get(k, 0)), float(admitted[k])) for k in keys]
-        return {"items": items, "source": "admitted event ids"}
-    at = dict(QueueEntry.objects.filter(key__in=keys).values_list("key", "admitted_at"))
-    items = [(priority[k], float("-inf"), t.timestamp()) for k in keys if (t := at.get(k))]
-    return {"items": items, "source": "admitted_at"}
+    rows = list(
+        QueueEntry.objects.filter(key__in=keys, admission_seq__isnull=False)
+        .order_by("admission_seq")
+        .values_list("priority", flat=True)
+    )
+    # Every entry was in line before the pool was released.
+    items = [(prio, -1.0, float(rank)) for rank, prio in enumerate(rows)]
+    return {"items": items, "source": "admission order (admission_seq)"}
 
 
 def w5_recipe(ctx: Context, redis_url: str) -> dict[str, Any]:
@@ -129,9 +122,13 @@ def w5_recipe(ctx: Context, redis_url: str) -> dict[str, Any]:
                 priority_for=prio.__getitem__,
             )
             figures = _figures(run, limit, pools_order(tasks.W5_POOL, list(run.keys.values())))
-            figures["deliveries"] = PoolEvent.objects.filter(
-                kind=EventKind.STARTED, key__in=list(run.keys.values())
-            ).count()
+            # Each admission is delivered once (its token counts the admissions).
+            figures["deliveries"] = (
+                QueueEntry.objects.filter(
+                    key__in=list(run.keys.values()), started_at__isnull=False
+                ).aggregate(n=Sum("token"))["n"]
+                or 0
+            )
             per["pools"].append(figures)
         out[body] = {
             side: {
@@ -240,11 +237,10 @@ def kill_test(ctx: Context, redis_url: str) -> dict[str, Any]:
         zip(pooled_next + recipe_next, _ordered(ctx, pooled_next + recipe_next, spans), strict=True)
     )
     pooled_back = []
-    for pool, holder, nxt in zip(pools, pooled_holders, pooled_next, strict=True):
-        restarted = (
-            PoolEvent.objects.filter(kind=EventKind.STARTED, pool=pool, key=holder, token__gt=1)
-            .order_by("at")
-            .values_list("at", flat=True)
+    for holder, nxt in zip(pooled_holders, pooled_next, strict=True):
+        restarted = (  # the entry carries its last start: that of the new attempt
+            QueueEntry.objects.filter(key=holder, token__gt=1)
+            .values_list("started_at", flat=True)
             .first()
         )
         first = min([by_id[nxt]["s"], *([restarted.timestamp()] if restarted else [])])

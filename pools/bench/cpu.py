@@ -80,12 +80,19 @@ def machine_share(before: list[int] | None) -> dict[str, float] | None:
 
 
 def snapshot(worker_pids: Iterable[int]) -> dict[str, float] | None:
-    """Cumulative CPU seconds of each group now (None where ``/proc`` cannot be read)."""
+    """Cumulative CPU seconds of each group now (None where ``/proc`` cannot be read).
+
+    Besides the group totals, each counted process's own seconds under the key
+    ``"<group>@<pid>"``: :func:`per_task_ms` then adds up per-process differences, so a
+    process that exits in between (another session's database backend, on a shared
+    server) does not make its group's time seem to go backwards.
+    """
     counters = machine_counters()
     if counters is None:
         return None
     mains = {int(p) for p in worker_pids}
     ticks = dict.fromkeys(GROUPS, 0)
+    per_pid: dict[str, int] = {}
     for pid in os.listdir(PROC):
         if not pid.isdigit():
             continue
@@ -94,14 +101,20 @@ def snapshot(worker_pids: Iterable[int]) -> dict[str, float] | None:
             continue
         name, ppid, used = stat
         if int(pid) in mains:
-            ticks["celery main"] += used
+            group = "celery main"
         elif ppid in mains:
-            ticks["pool processes"] += used
+            group = "pool processes"
         elif name in _SERVERS:
-            ticks[_SERVERS[name]] += used
+            group = _SERVERS[name]
+        else:
+            continue
+        ticks[group] += used
+        per_pid[f"{group}@{pid}"] = used
     ticks["machine"] = _busy(counters)
     hz = _ticks_per_second()
-    return {group: value / hz for group, value in ticks.items()}
+    out = {group: value / hz for group, value in ticks.items()}
+    out.update({key: value / hz for key, value in per_pid.items()})
+    return out
 
 
 def per_task_ms(
@@ -109,12 +122,20 @@ def per_task_ms(
 ) -> dict[str, float] | None:
     """CPU milliseconds per task of each group between two snapshots.
 
-    A process that exited in between takes its CPU time with it: a group that seems to have
-    gone backwards counts as nothing (never a negative cost).
+    With per-process figures (``"<group>@<pid>"``, see :func:`snapshot`) a group's time
+    is the sum of its processes' differences: a process that exited in between is left
+    out, one that started counts from zero. Without them, the difference of the totals;
+    a group that seems to have gone backwards counts as nothing (never a negative cost).
     """
     if before is None or after is None or tasks <= 0:
         return None
-    return {
-        group: round(max(after.get(group, 0.0) - before.get(group, 0.0), 0.0) * 1000 / tasks, 3)
-        for group in GROUPS
-    }
+    spent = {group: max(after.get(group, 0.0) - before.get(group, 0.0), 0.0) for group in GROUPS}
+    per_process = [k for k in after if "@" in k]
+    if per_process:
+        for group in GROUPS:
+            if group != "machine":
+                spent[group] = 0.0
+        for key in per_process:
+            group = key.split("@", 1)[0]
+            spent[group] += max(after[key] - before.get(key, 0.0), 0.0)
+    return {group: round(spent[group] * 1000 / tasks, 3) for group in GROUPS}

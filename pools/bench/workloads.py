@@ -15,7 +15,7 @@ from pools.bench import backlog, stats, tasks
 from pools.bench.context import Context
 from pools.bench.runs import plain_run, pooled_run
 from pools.bench.workers import FLOOR_QUEUE, PLAIN_QUEUE
-from pools.models import EventKind, PoolEvent
+from pools.models import QueueEntry
 
 #: The 20 ms body of W1 (and W5).
 SLOW = 0.02
@@ -120,12 +120,12 @@ def w2_handoff(ctx: Context) -> dict[str, Any]:
         pooled = pooled_run(
             ctx, f"W2 pooled 1 slot {tag}", [(tasks.POOLED[pool], range(n))], [pool]
         )
-        settled = dict(
-            PoolEvent.objects.filter(
-                kind=EventKind.SETTLED, pool=pool, key__in=list(pooled.keys.values())
-            ).values_list("key", "at")
+        settled = dict(  # the settle's time, which the entry carries
+            QueueEntry.objects.filter(
+                key__in=list(pooled.keys.values()), finished_at__isnull=False
+            ).values_list("key", "finished_at")
         )
-        marks = {i: settled[key].timestamp() for i, key in pooled.keys.items() if key in settled}
+        marks = {i: t.timestamp() for i, key in pooled.keys.items() if (t := settled.get(key))}
         gaps = {
             "settle_to_start": stats.gaps_after(pooled.spans, marks),
             "end_to_start": stats.serial_gaps(pooled.spans),

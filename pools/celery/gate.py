@@ -277,17 +277,39 @@ class CeleryBridge:
     """Publishes admitted entries and reports entries that ended while waiting."""
 
     def publish(self, admissions: Sequence[Admission]) -> None:
-        """Publish each held message with its claim header; requeue on broker failure."""
+        """Publish each held message with its claim header; requeue on broker failure.
+
+        One producer (and its connection) for the whole pass; on a transport that batches
+        publishes (kombu's ``Producer.batch``: Redis) the messages of one pass go out in one
+        round trip. Where a batch fails as a whole, every entry of it is requeued: a message
+        that did reach the broker then carries a stale token and is skipped at delivery.
+        """
         from celery import current_app
 
         if not admissions:
             return
         now = timezone.now()
         with current_app.producer_or_acquire(None) as producer:
-            for adm in admissions:
-                try:
-                    self._publish_one(current_app, producer, adm, now)
-                except Exception as exc:
+            batch = getattr(producer, "batch", None)
+            if batch is None or len(admissions) == 1:
+                for adm in admissions:
+                    try:
+                        self._publish_one(current_app, producer, adm, now)
+                    except Exception as exc:
+                        self._publish_failed(adm, exc)
+                return
+            sent: list[Admission] = []
+            try:
+                with batch():
+                    for adm in admissions:
+                        try:
+                            self._publish_one(current_app, producer, adm, now)
+                        except Exception as exc:  # this message only (e.g. its routing)
+                            self._publish_failed(adm, exc)
+                        else:
+                            sent.append(adm)
+            except Exception as exc:  # the batch's round trip failed
+                for adm in sent:
                     self._publish_failed(adm, exc)
 
     def _publish_one(self, app: Celery, producer: Any, adm: Admission, now: datetime) -> None:

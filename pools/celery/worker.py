@@ -28,6 +28,7 @@ from pools.core import admission, leases, nodes
 from pools.core.leases import Claim
 from pools.exceptions import LeaseLost, PoolUnavailable
 from pools.models import Origin
+from pools.pg import fastpath
 
 #: Longest a worker retries starting a claim while pool state is unavailable.
 START_RETRY_SECONDS = 10.0
@@ -263,11 +264,24 @@ class _NodeHeartbeat(threading.Thread):
 _heartbeat: _NodeHeartbeat | None = None
 
 
+@signals.worker_process_init.connect(dispatch_uid="pools.celery.worker.own_connection")
+@signals.worker_init.connect(dispatch_uid="pools.celery.worker.own_connection_main")
+def _use_own_connection(**kwargs: Any) -> None:
+    """Start, settle and renew run on pools' own prepared connection in workers.
+
+    Celery's Django fixup closes Django's connections around every task unless
+    ``CELERY_DB_REUSE_MAX`` is set; it does not close this one (see :mod:`pools.pg.fastpath`).
+    Set in the main process too (``-P solo``/``threads``, revocations); a forked pool
+    process never uses its parent's connection.
+    """
+    fastpath.use_own_connection()
+
+
 @signals.worker_init.connect(dispatch_uid="pools.celery.worker.db_reuse")
 def _warn_about_reconnects(sender: Any = None, **kwargs: Any) -> None:
     """Celery's Django fixup closes DB connections around every task unless told otherwise."""
     app = getattr(sender, "app", None)
-    if app is not None and not app.conf.get("db_reuse_max"):
+    if app is not None and not app.conf.get("db_reuse_max") and not fastpath.enabled():
         logger.warning(
             "Celery closes the database connection before and after every task "
             "(CELERY_DB_REUSE_MAX is not set), so every pooled task reconnects to start and "

@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, F, Sum, Value, When
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from pools import conf
@@ -90,15 +90,54 @@ class _Pass:
     wake: dict[str, datetime] = field(default_factory=dict)
 
 
-def _held_by_pool(pool_ids: Iterable[int]) -> dict[int, int]:
-    rows = (
-        Demand.objects.held()
-        .filter(pool_id__in=list(pool_ids))
-        .values("pool_id")
-        .annotate(n=Sum("slots"))
-        .order_by()
-    )
-    return {r["pool_id"]: int(r["n"]) for r in rows}
+def _held_by_pool(pools: dict[int, Pool]) -> dict[int, int]:
+    """Slots held in each (locked) pool: its ``held`` counter, read with the lock."""
+    return {pid: pool.held for pid, pool in pools.items()}
+
+
+def _change_held(
+    pools: dict[str, Pool], entries: Iterable[QueueEntry], sign: int, *, admitted: bool = False
+) -> dict[int, int]:
+    """Add (``sign`` +1) or release (-1) the entries' slots in the locked pools' counters.
+
+    One UPDATE, in the transaction that changes the holders, with the row locks held; the
+    in-memory rows follow, so a pass later in the same transaction reads the new value.
+    With ``admitted=True`` the entries were just admitted, in this order: each pool's
+    ``admissions`` count goes up by its entries, and the result maps each entry id to its
+    ``admission_seq`` (the count of its first pool by name after it).
+    """
+    changes: dict[str, int] = {}
+    counted: dict[str, int] = {}
+    seq: dict[int, int] = {}
+    for entry in entries:
+        for name in sorted(entry.demand):
+            if name not in pools:
+                continue
+            changes[name] = changes.get(name, 0) + sign * entry.demand[name]
+            if admitted:
+                counted[name] = counted.get(name, 0) + 1
+                seq.setdefault(entry.queue_id, pools[name].admissions + counted[name])
+    changed = {name for name, n in changes.items() if n} | set(counted)
+    if not changed:
+        return seq
+    ids = {name: pools[name].pk for name in changed}
+    update: dict[str, Any] = {
+        "held": F("held")
+        + Case(
+            *(When(pk=ids[name], then=Value(changes.get(name, 0))) for name in changed),
+            default=Value(0),
+        )
+    }
+    if counted:
+        update["admissions"] = F("admissions") + Case(
+            *(When(pk=ids[name], then=Value(n)) for name, n in counted.items()),
+            default=Value(0),
+        )
+    Pool.objects.filter(pk__in=list(ids.values())).update(**update)
+    for name in changed:
+        pools[name].held += changes.get(name, 0)
+        pools[name].admissions += counted.get(name, 0)
+    return seq
 
 
 # --------------------------------------------------------------------------- admission pass
@@ -136,7 +175,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             while line:
                 if free[pool.pk] <= 0:
                     # A full pool's line is not looked at further (dead heads behind the
-                    # last admission wait for the sweep): the same rule as pools_admit_v3,
+                    # last admission wait for the sweep): the same rule as pools_admit_v4,
                     # and not dependent on how many rows this pass happened to read.
                     break
                 entry = line[0].entry
@@ -162,7 +201,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             break
 
     if admitted:
-        _mark_admitted(admitted, now, now + lease)
+        _mark_admitted(admitted, pools, now, now + lease)
         result.admissions.extend(
             Admission(
                 entry_id=e.queue_id,
@@ -281,14 +320,18 @@ def _drop_from_lines(
             line.popleft()
 
 
-def _mark_admitted(entries: list[QueueEntry], now: datetime, lease_until: datetime) -> None:
+def _mark_admitted(
+    entries: list[QueueEntry], pools: dict[str, Pool], now: datetime, lease_until: datetime
+) -> None:
     ids = [e.queue_id for e in entries]
+    seq = _change_held(pools, entries, +1, admitted=True)
     changed = QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING).update(
         state=EntryState.ADMITTED,
         token=F("token") + 1,
         admitted_at=now,
         lease_expires_at=lease_until,
         worker="",
+        admission_seq=Case(*(When(pk=pk, then=Value(n)) for pk, n in seq.items())),
     )
     if changed != len(ids):  # pragma: no cover - would mean the lock order was broken
         raise RuntimeError(f"admission raced: {changed} of {len(ids)} entries changed under lock")
@@ -296,7 +339,7 @@ def _mark_admitted(entries: list[QueueEntry], now: datetime, lease_until: dateti
     for e in entries:
         e.token += 1
         e.state = EntryState.ADMITTED
-    events.record(EventKind.ADMITTED, entries, at=now)
+    events.transition(EventKind.ADMITTED, entries, at=now)
 
 
 def _finish_waiting(
@@ -420,7 +463,7 @@ def enqueue(sub: Submission) -> Enqueued:
             )
             for name, slots in spec.demand.items()
         )
-        events.record(EventKind.ENQUEUED, [entry], at=now)
+        events.transition(EventKind.ENQUEUED, [entry], at=now)
         if delayed and sub.not_before is not None:
             _note_due(pools, spec.demand, sub.not_before)
         step = _admit_locked(pools, now)  # also schedules the wake-up of a delayed entry
@@ -438,7 +481,7 @@ def _refuse(demand: dict[str, int], pools: dict[str, Pool]) -> None:
     """Raise the refusal that wins (docs/concepts/contract.md), if any; under the locks.
 
     Precedence: an unknown pool, then a demand above a pool's capacity, then a full
-    backlog; within each, the first pool by name. ``pools_enqueue_v3`` does the same.
+    backlog; within each, the first pool by name. ``pools_enqueue_v4`` does the same.
     """
     names = sorted(demand)
     for name in names:
@@ -472,10 +515,10 @@ def _deadline(sub: Submission, now: datetime) -> datetime | None:
 
 
 def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
-    """:func:`enqueue` as one call of ``pools_enqueue_v3`` (PostgreSQL fast path)."""
+    """:func:`enqueue` as one call of ``pools_enqueue_v4`` (PostgreSQL fast path)."""
     spec = sub.spec
     reply = fastpath.call(
-        "pools_enqueue_v3",
+        "pools_enqueue_v4",
         [
             sub.key,
             sub.task_name,
@@ -506,7 +549,7 @@ def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | No
         raise PoolFull(pool, refused.limit or 0)
     enqueued = reply.first("enqueued")
     if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
-        raise RuntimeError("pools_enqueue_v3 returned neither 'refused' nor 'enqueued'")
+        raise RuntimeError("pools_enqueue_v4 returned neither 'refused' nor 'enqueued'")
     admissions = _on_commit(reply)
     admissions += _follow_up(reply.fallbacks)
     return Enqueued(
@@ -530,8 +573,8 @@ def _on_commit(reply: fastpath.Reply) -> list[Admission]:
         )
         for row in reply.of("admitted")
     ]
-    events.announce(reply.events)
-    dispatch.after_commit(admissions, [], reply.wake)
+    events.announce(reply.events, committed=reply.committed)
+    dispatch.after_commit(admissions, [], reply.wake, committed=reply.committed)
     return admissions
 
 
@@ -573,7 +616,8 @@ def settle(
         if changed:
             entry.refresh_from_db(fields=["key", "token", "demand", "state"])
             Demand.objects.filter(entry_id=entry_id).update(state=entry.state)
-            events.record(EventKind.SETTLED, [entry], at=now, detail={"outcome": entry.state})
+            _change_held(pools, [entry], -1)
+            events.transition(EventKind.SETTLED, [entry], at=now, detail={"outcome": entry.state})
             needs = _admit_in(pools, now)
     if changed:
         _follow_up(needs)
@@ -583,9 +627,9 @@ def settle(
 def _settle_in_one_call(
     entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
 ) -> bool:
-    """:func:`settle` as one call of ``pools_settle_v3`` (PostgreSQL fast path)."""
+    """:func:`settle` as one call of ``pools_settle_v4`` (PostgreSQL fast path)."""
     reply = fastpath.call(
-        "pools_settle_v3",
+        "pools_settle_v4",
         [
             entry_id,
             token,
@@ -635,6 +679,7 @@ def requeue(
             return False
         entry = QueueEntry.objects.get(pk=entry_id)
         Demand.objects.filter(entry_id=entry_id).update(state=EntryState.WAITING)
+        _change_held(pools, [entry], -1)
         events.record(EventKind.REQUEUED, [entry], at=now, detail={"reason": reason})
         # The pass expires it if its deadline is gone, or admits it again.
         needs = _admit_in(pools, now) if admit else set()
@@ -681,7 +726,8 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
     """Expire waiting entries whose deadline has passed (sweep); returns how many."""
     rows = list(
         QueueEntry.objects.waiting()
-        .filter(deadline__lte=now)  # past its deadline: deadline <= now, as in the pass
+        # past its deadline: deadline <= now, as in the pass (unfinished: the index's rows)
+        .filter(deadline__lte=now, finished_at__isnull=True)
         .order_by("deadline")
         .values_list("queue_id", "demand")[:limit]
     )

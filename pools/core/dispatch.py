@@ -7,7 +7,7 @@ message is never published for a claim that was rolled back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -41,19 +41,30 @@ def bridge() -> Bridge:
     return target
 
 
+def _now(func: Callable[[], None]) -> None:
+    func()
+
+
 def after_commit(
     admissions: Sequence[Admission],
     finished: Sequence[Finished],
     wake: dict[str, datetime] | None = None,
+    *,
+    committed: bool = False,
 ) -> None:
-    """Schedule publishing/reporting (and timed wake-ups) for when the transaction commits."""
+    """Schedule publishing/reporting (and timed wake-ups) for when the transaction commits.
+
+    ``committed=True``: the work was committed on another connection (pools' own, see
+    :mod:`pools.pg.fastpath`); run it now.
+    """
+    run = _now if committed else transaction.on_commit
     if admissions:
-        transaction.on_commit(lambda: bridge().publish(admissions))
+        run(lambda: bridge().publish(admissions))
     if finished:
-        transaction.on_commit(lambda: bridge().report_finished(finished))
+        run(lambda: bridge().report_finished(finished))
     due = {pool: when for pool, when in (wake or {}).items() if _should_wake(pool, when)}
     if due:
-        transaction.on_commit(lambda: _wake(due))
+        run(lambda: _wake(due))
 
 
 def wake(pools: Sequence[str], when: datetime) -> None:

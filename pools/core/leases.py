@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from pools import conf
@@ -43,26 +44,40 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     worker = worker[:255]
     if fastpath.enabled():
         reply = fastpath.call(
-            "pools_start_v3",
+            "pools_start_v4",
             [entry_id, token, worker, now, lease, fastpath.listening()],
             what="starting a claim",
         )
         row = reply.first("started")
         if row is None or row.at is None:
             return None
-        events.announce(reply.events)
+        events.announce(reply.events, committed=reply.committed)
         return Claim(
             entry_id=entry_id, token=token, demand=dict(row.demand or {}), lease_expires_at=row.at
         )
-    until = now + timedelta(seconds=lease)
+    renewed = now + timedelta(seconds=lease)
     with locking.bounded("starting a claim"):
         changed = QueueEntry.objects.filter(
             pk=entry_id, token=token, state=EntryState.ADMITTED
-        ).update(state=EntryState.RUNNING, started_at=now, worker=worker, lease_expires_at=until)
+        ).update(
+            state=EntryState.RUNNING,
+            started_at=now,
+            worker=worker,
+            lease_expires_at=Case(  # kept when 2/3 of it are left: see pools_start_v4
+                When(
+                    lease_expires_at__gte=now + timedelta(seconds=lease * 2 / 3),
+                    then=F("lease_expires_at"),
+                ),
+                default=Value(renewed),
+            ),
+        )
         if not changed:
             return None
-        entry = QueueEntry.objects.only("key", "token", "demand").get(pk=entry_id)
-        events.record(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
+        entry = QueueEntry.objects.only("key", "token", "demand", "lease_expires_at").get(
+            pk=entry_id
+        )
+        until = entry.lease_expires_at or renewed
+        events.transition(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
     return Claim(entry_id=entry_id, token=token, demand=entry.demand, lease_expires_at=until)
 
 

@@ -7,14 +7,19 @@ second sweeper's work a no-op.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db.models import Sum
 from django.utils import timezone
 
 from pools import conf
 from pools.core import admission, dispatch
-from pools.models import TERMINAL_STATES, PoolEvent, QueueEntry
+from pools.core.locking import locked_pools
+from pools.models import TERMINAL_STATES, Demand, Pool, PoolEvent, QueueEntry
+
+logger = logging.getLogger("pools.core.sweeps")
 
 #: Lapsed leases handled per sweep (the next sweep takes the rest).
 BATCH = 500
@@ -30,6 +35,8 @@ class SweepReport:
     expired: int
     admitted: int
     pruned: int
+    #: Pools whose ``held`` counter disagreed with their holders and was corrected.
+    held_fixed: int = 0
 
 
 def sweep(now: datetime | None = None) -> SweepReport:
@@ -40,12 +47,62 @@ def sweep(now: datetime | None = None) -> SweepReport:
     lease ends, not up to one sweep interval later.
     """
     now = now or timezone.now()
+    held_fixed = check_held()
     requeued = reclaim(now)
     expired = admission.expire_due(now)
     admitted = len(admission.admit_all())
-    report = SweepReport(requeued=requeued, expired=expired, admitted=admitted, pruned=prune(now))
+    report = SweepReport(
+        requeued=requeued,
+        expired=expired,
+        admitted=admitted,
+        pruned=prune(now),
+        held_fixed=held_fixed,
+    )
     wake_at_next_lapse(now)
     return report
+
+
+def _held_sums(pool_ids: list[int] | None = None) -> dict[int, int]:
+    rows = Demand.objects.held()
+    if pool_ids is not None:
+        rows = rows.filter(pool_id__in=pool_ids)
+    return {
+        r["pool_id"]: int(r["n"])
+        for r in rows.values("pool_id").annotate(n=Sum("slots")).order_by()
+    }
+
+
+def check_held() -> int:
+    """Check every pool's ``held`` counter against the slots of its holders; returns fixes.
+
+    Admission and settle keep the counter under the pool's row lock, so it never differs
+    unless rows were changed around the service functions (by hand, a restored backup).
+    A pool that looks wrong without the lock is re-checked with it and corrected: a
+    counter below its holders would let admission oversubscribe the pool.
+    """
+    sums = _held_sums()
+    suspects = [
+        name
+        for pk, name, held in Pool.objects.values_list("pk", "name", "held")
+        if held != sums.get(pk, 0)
+    ]
+    fixed = 0
+    for name in suspects:
+        with locked_pools([name]) as pools:
+            pool = pools.get(name)
+            if pool is None:
+                continue
+            actual = _held_sums([pool.pk]).get(pool.pk, 0)
+            if pool.held != actual:
+                logger.warning(
+                    "pool %r: held counter was %s, its holders hold %s; corrected",
+                    name,
+                    pool.held,
+                    actual,
+                )
+                Pool.objects.filter(pk=pool.pk).update(held=actual)
+                fixed += 1
+    return fixed
 
 
 def reclaim(now: datetime) -> int:

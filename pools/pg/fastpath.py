@@ -2,23 +2,36 @@
 the one place their rows are decoded.
 
 Enqueue, settle+admit and start each run as one call of a function created by migration
-0006 (``pools/pg/sql/admission_v3.sql``): one round trip, so a pool's row lock is held for
+0007 (``pools/pg/sql/admission_v4.sql``): one round trip, so a pool's row lock is held for
 the time the database needs, not for a dozen client round trips. The functions implement
 the contract of ``docs/concepts/contract.md`` like :mod:`pools.core.admission` does, and hand
 anything unusual (multi-pool heads, deadlines, due multi-pool entries) back to it. They
 are used when the database is PostgreSQL and ``POOLS["SQL_FAST_PATH"]`` is true (the
 default). Connected signal receivers do not change the path: the functions then also
-return the event rows they wrote, and the caller sends the signals after commit.
+return one event row per transition, and the caller sends the signals after commit.
+
+**Pools' own connection.** In a worker process (:func:`use_own_connection`, called at
+``worker_process_init``) a call made outside any transaction of Django's connection runs
+on a connection of pools' own, opened with Django's connection parameters, kept for the
+life of the process (one per thread), in autocommit, with the statement bound set once
+per session and each function call a server-side prepared statement. Celery's Django
+fixup closes Django's connections around every task unless ``CELERY_DB_REUSE_MAX`` is
+set; it does not know this one, so start and settle never pay a reconnect, and
+PostgreSQL parses and plans each call once per connection, not once per call. Inside a
+transaction of Django's connection (a caller's ``atomic()``, the test suite) the call
+runs on that connection, as part of that transaction.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
@@ -40,9 +53,9 @@ def listening() -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Row:
-    """One row of a v3 function (``pools_out_v3``): each column has one meaning.
+    """One row of a v4 function (``pools_out_v4``): each column has one meaning.
 
-    ``kind`` says which columns are set (see the comment above ``pools_out_v3``).
+    ``kind`` says which columns are set (see the comment above ``pools_out_v4``).
     """
 
     #: refused, enqueued, settled, started, admitted, fallback, wake or event.
@@ -80,6 +93,10 @@ class Reply:
     """The decoded rows of one function call."""
 
     rows: list[Row]
+    #: True when the call ran in its own transaction on pools' own connection, which has
+    #: committed: after-commit work runs now (Django's ``on_commit`` would open Django's
+    #: connection just to learn that it is in autocommit).
+    committed: bool = False
 
     def of(self, kind: str) -> list[Row]:
         """The rows of one kind, in the order the function returned them."""
@@ -101,7 +118,11 @@ class Reply:
 
     @property
     def events(self) -> list[PoolEvent]:
-        """The event rows the call wrote (only when it was asked to return them), by id."""
+        """The events of the call's transitions (only when it was asked to return them).
+
+        In the order the function returned them; rows of version 4 have no id (the normal
+        transitions are not written to the event log).
+        """
         return [
             PoolEvent(
                 id=r.event,
@@ -113,12 +134,14 @@ class Reply:
                 token=r.token,
                 detail=r.detail or {},
             )
-            for r in sorted(self.of("event"), key=lambda r: r.event or 0)
+            for r in self.of("event")
         ]
 
 
-def decode(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Reply:
-    """Rows of a v3 function as :class:`Row` objects, by column name (``o_`` dropped)."""
+def decode(
+    columns: Sequence[str], rows: Sequence[Sequence[Any]], *, committed: bool = False
+) -> Reply:
+    """Rows of a v4 function as :class:`Row` objects, by column name (``o_`` dropped)."""
     names = [c[2:] if c.startswith("o_") else c for c in columns]
     unknown = set(names) - _NAMES
     if unknown:  # pragma: no cover - a function and this module disagree
@@ -129,25 +152,35 @@ def decode(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Reply:
         for name in _JSON & data.keys():
             data[name] = json_value(data[name])
         decoded.append(Row(**data))
-    return Reply(decoded)
+    return Reply(decoded, committed=committed)
+
+
+def lock_ms() -> int:
+    """``LOCK_TIMEOUT_SECONDS`` in milliseconds: the functions' ``p_lock_ms`` argument."""
+    return int(conf.get().LOCK_TIMEOUT_SECONDS * 1000)
 
 
 def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
-    """``SELECT * FROM function(params)`` under the bound; errors become :class:`PoolUnavailable`.
+    """``SELECT * FROM function(params, p_lock_ms)`` under the bound.
 
-    One query string: ``SET LOCAL`` of ``lock_timeout`` and ``statement_timeout``
-    (``LOCK_TIMEOUT_SECONDS``), then the call. Inside a caller's transaction the call gets
-    a savepoint, so a timeout does not break the caller's transaction (the bound then
-    stays set until that transaction ends, as on the ORM path); in autocommit the query
-    string is its own transaction.
+    Errors become :class:`PoolUnavailable` (integrity and programming errors, which are
+    bugs or a missing migration, are not disguised). The function sets ``lock_timeout``
+    itself from its last argument; ``statement_timeout`` comes from the connection: on
+    pools' own connection (see the module docstring) a session setting, on Django's
+    connection a ``SET LOCAL`` in the same query string. Inside a caller's transaction the
+    call gets a savepoint, so a timeout does not break the caller's transaction (the bound
+    then stays set until that transaction ends, as on the ORM path); in autocommit the
+    query string is its own transaction.
     """
-    placeholders = ", ".join(["%s"] * len(params))
+    args = [*params, lock_ms()]
+    placeholders = ", ".join(["%s"] * len(args))
+    query = f"SELECT * FROM {function}({placeholders})"
+    if _own.enabled and not connection.in_atomic_block:
+        return _call_own(query, args, what)
     guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
     try:
         with guard, connection.cursor() as cursor:
-            cursor.execute(
-                f"{BOUND}SELECT * FROM {function}({placeholders})", [*bound_params(), *params]
-            )
+            cursor.execute(f"{BOUND}{query}", [*bound_params(), *args])
             while cursor.description is None and cursor.nextset():
                 pass  # past the SET results
             columns = [c.name for c in cursor.description or ()]
@@ -155,6 +188,98 @@ def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
     except (IntegrityError, ProgrammingError):
         raise  # a bug or a missing migration, not an outage: do not disguise it
     except DatabaseError as exc:
+        raise unavailable(what, exc) from exc
+
+
+class _Own(threading.local):
+    """Per thread: pools' own connection. ``enabled`` is the process's choice."""
+
+    enabled: ClassVar[bool] = False
+    conn: Any = None
+    pid: int = 0
+    timeout_ms: int = -1
+
+
+_own = _Own()
+
+
+def use_own_connection(enabled: bool = True) -> None:
+    """Run calls made outside a transaction on pools' own connection (this thread).
+
+    Called in each worker process at ``worker_process_init`` (and by the W7 benchmark).
+    ``enabled=False`` closes it.
+    """
+    _Own.enabled = enabled  # for every thread of the process (``-P threads`` included)
+    if not enabled:
+        close_own_connection()
+
+
+def close_own_connection() -> None:
+    """Close this thread's own connection (the next call opens a new one)."""
+    conn, _own.conn = _own.conn, None
+    if conn is not None and _own.pid == os.getpid():
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+
+# A forked child must neither use nor close (PQfinish would end the parent's session on
+# the shared socket) a connection it inherited: the parent closes its own before forking
+# (Celery's prefork pool forks from the thread that uses it) and reopens it when needed.
+_inherited: list[Any] = []
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=lambda: close_own_connection())
+
+
+def _connect() -> Any:
+    """This thread's own connection, opened (or reopened after a fork or an error) if needed."""
+    conn = _own.conn
+    if conn is not None and (_own.pid != os.getpid() or conn.closed or conn.broken):
+        if _own.pid == os.getpid():
+            close_own_connection()
+        else:  # inherited through a fork: never used, never finalized (see above)
+            _inherited.append(conn)
+        conn = _own.conn = None
+    if conn is None:
+        import psycopg
+
+        params = {
+            k: v
+            for k, v in connection.get_connection_params().items()
+            if k not in {"cursor_factory", "context", "prepare_threshold"}
+        }
+        conn = psycopg.connect(autocommit=True, **params)  # prepare=True on each call
+        _own.conn, _own.pid, _own.timeout_ms = conn, os.getpid(), -1
+    ms = lock_ms()
+    if _own.timeout_ms != ms:
+        conn.execute(f"SET statement_timeout = {ms}")  # an int: nothing to quote
+        _own.timeout_ms = ms
+    return conn
+
+
+def own_backend_pid() -> int:
+    """The server process id of this thread's own connection (opened if needed)."""
+    return int(_connect().info.backend_pid)
+
+
+def _call_own(query: str, args: list[Any], what: str) -> Reply:
+    """One call on pools' own connection, as a server-side prepared statement."""
+    import psycopg
+
+    try:
+        conn = _connect()
+        with conn.cursor() as cursor:
+            cursor.execute(query, args, prepare=True)
+            columns = [c.name for c in cursor.description or ()]
+            return decode(columns, cursor.fetchall(), committed=True)
+    except psycopg.IntegrityError as exc:
+        raise IntegrityError(str(exc)) from exc
+    except psycopg.ProgrammingError as exc:
+        raise ProgrammingError(str(exc)) from exc
+    except psycopg.Error as exc:
+        if _own.conn is not None and (_own.conn.broken or _own.conn.closed):
+            close_own_connection()
         raise unavailable(what, exc) from exc
 
 

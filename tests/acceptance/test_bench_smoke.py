@@ -122,7 +122,7 @@ def test_bench_smoke__counts_every_task_and_cleans_up(
         pools_side, recipe_side = w5[body]["pools"], w5[body]["recipe"]
         assert [r["retries"] for r in pools_side["reps"]] == [0]
         assert [r["inversions"] for r in pools_side["reps"]] == [0]
-        assert pools_side["inversions_from"] == ["admitted event ids"]
+        assert pools_side["inversions_from"] == ["admission order (admission_seq)"]
         assert recipe_side["inversions_from"] == ["semaphore acquisition counter"]
         assert 0 <= recipe_side["inversions"]["max"] < 16
         assert [r["deliveries"] for r in pools_side["reps"]] == [16]

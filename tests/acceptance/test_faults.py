@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from celery.exceptions import MaxRetriesExceededError
 
+from pools.core import events
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
@@ -126,8 +127,9 @@ def test_faults__sigkilled_worker_claims_return_through_the_beat_sweep(
 
     def readmitted() -> bool:
         held_samples.append(Demand.objects.held_slots(pool.pk))
-        return PoolEvent.objects.filter(
-            key__in=victims, kind=EventKind.ADMITTED, token__gte=2
+        # The entry carries its last admission (no event row for it): token 2 = readmitted.
+        return QueueEntry.objects.filter(
+            key__in=victims, token__gte=2, admitted_at__isnull=False
         ).count() == len(victims)
 
     wait_for(readmitted, bound, f"re-admission within {bound:.0f}s of the kill", 0.05)
@@ -135,12 +137,13 @@ def test_faults__sigkilled_worker_claims_return_through_the_beat_sweep(
 
     values = [r.get(timeout=TIMEOUT) for r in results]
 
-    def events(kind: str) -> dict[str, PoolEvent]:
-        rows = PoolEvent.objects.filter(key__in=victims, kind=kind).order_by("id")
-        return {e.key: e for e in rows}
-
-    requeued, admitted = events(EventKind.REQUEUED), events(EventKind.ADMITTED)
-    started = events(EventKind.STARTED)  # the last start of each victim
+    rows = PoolEvent.objects.filter(key__in=victims, kind=EventKind.REQUEUED).order_by("id")
+    requeued = {e.key: e for e in rows}
+    # The last admission and start of each victim are on its entry (the stream's events).
+    entries = {e.key: e for e in QueueEntry.objects.filter(key__in=victims)}
+    stream = events.stream(entries.values(), rows)
+    admitted = {e.key: e for e in stream if e.kind == EventKind.ADMITTED}
+    started = {e.key: e for e in stream if e.kind == EventKind.STARTED}
     assert set(requeued) == set(admitted) == set(started) == victims
     print(
         f"\nSIGKILL recovery (lease {LEASE_SECONDS:.0f}s, heartbeat 1s, sweep {SWEEP_SECONDS:.0f}s):"
@@ -217,10 +220,11 @@ def test_faults__killed_pool_process_is_requeued_without_waiting_for_the_lease(
     requeued = PoolEvent.objects.get(key=result.id, kind=EventKind.REQUEUED)
     assert requeued.detail.get("reason") == "worker lost", requeued.detail
     assert ts(requeued.at) - killed_at < 10, "requeued only when the lease lapsed"
-    second = PoolEvent.objects.get(key=result.id, kind=EventKind.STARTED, token=2)
+    second = QueueEntry.objects.get(key=result.id, token=2)  # it carries its last start
+    assert second.started_at is not None
     print(
         f"\nkilled child: requeued kill+{ts(requeued.at) - killed_at:.2f}s, started again "
-        f"kill+{ts(second.at) - killed_at:.2f}s (lease would have lapsed at "
+        f"kill+{ts(second.started_at) - killed_at:.2f}s (lease would have lapsed at "
         f"kill+{lease_end - killed_at:.1f}s)"
     )
     notes = read_notes(shared_dir, "spans")
@@ -331,9 +335,10 @@ def test_faults__retry_waits_in_line_without_consuming_attempts(
     assert [n["entry_id"] for n in bodies] == [first.queue_id, final.queue_id]
     assert value["entry_id"] == final.queue_id
     # The retry was admitted when the holder settled, not before.
-    holder_settled = PoolEvent.objects.get(key=holder.id, kind=EventKind.SETTLED)
-    retry_admitted = PoolEvent.objects.get(entry_id=final.queue_id, kind=EventKind.ADMITTED)
-    assert retry_admitted.at >= holder_settled.at
+    holder_settled = QueueEntry.objects.get(key=holder.id).finished_at
+    final.refresh_from_db()
+    assert final.admitted_at is not None and holder_settled is not None
+    assert final.admitted_at >= holder_settled
 
 
 def test_faults__retry_exhaustion_fails_like_plain_celery(

@@ -68,7 +68,7 @@ def test_workers__three_slot_pool_admits_by_priority_and_never_overlaps(
     # Paused: everything waits, nothing is admitted or published.
     snap = snapshot(ACCEPT_POOL)
     assert (snap.held, snap.waiting) == (0, TASKS)
-    assert not PoolEvent.objects.filter(pool=ACCEPT_POOL, kind=EventKind.ADMITTED).exists()
+    assert not QueueEntry.objects.filter(task_name=span.name, admitted_at__isnull=False).exists()
     entries = {e.key: e for e in QueueEntry.objects.filter(task_name=span.name)}
     assert {k: e.priority for k, e in entries.items()} == priorities, f"seed={seed}"
 
@@ -108,25 +108,24 @@ def test_workers__three_slot_pool_admits_by_priority_and_never_overlaps(
     assert states == {EntryState.SUCCEEDED: TASKS}
     assert snapshot(ACCEPT_POOL).held == 0
 
-    # (d) admission order: the admitted events follow (-priority, enqueued_at, queue_id).
+    # (d) admission order follows (-priority, enqueued_at, queue_id): the pool counts its
+    # admissions under its lock and each entry keeps its place (admission_seq).
     admitted = list(
-        PoolEvent.objects.filter(pool=ACCEPT_POOL, kind=EventKind.ADMITTED)
-        .order_by("id")
-        .values_list("entry_id", flat=True)
+        QueueEntry.objects.filter(task_name=span.name, admission_seq__isnull=False)
+        .order_by("admission_seq")
+        .values_list("queue_id", flat=True)
     )
     expected = list(
         QueueEntry.objects.filter(task_name=span.name)
         .in_line_order()
         .values_list("queue_id", flat=True)
     )
-    assert len(admitted) == TASKS, "each entry is admitted exactly once"
+    assert len(admitted) == TASKS
+    tokens = set(QueueEntry.objects.filter(task_name=span.name).values_list("token", flat=True))
+    assert tokens == {1}, "each entry is admitted exactly once"
     assert admitted == expected, f"admission order differs from priority order (seed={seed})"
-    started = Counter(
-        PoolEvent.objects.filter(pool=ACCEPT_POOL, kind=EventKind.STARTED).values_list(
-            "entry_id", flat=True
-        )
-    )
-    assert set(started.values()) == {1} and len(started) == TASKS
+    started = QueueEntry.objects.filter(task_name=span.name, started_at__isnull=False)
+    assert started.count() == TASKS  # once each: token 1, and no skipped delivery below
     assert not PoolEvent.objects.filter(
         pool=ACCEPT_POOL, kind__in=[EventKind.SKIPPED, EventKind.REQUEUED]
     ).exists()
@@ -141,5 +140,5 @@ def test_workers__fast_path_under_load_never_overlaps(celery_workers: StartWorke
     peak = max_overlap([(s["start"], s["end"]) for s in spans])
     assert peak <= SLOTS, f"{peak} bodies overlapped in a {SLOTS}-slot pool"
     assert {s["hostname"] for s in spans} <= {w.name for w in workers}
-    admitted = PoolEvent.objects.filter(pool=ACCEPT_POOL, kind=EventKind.ADMITTED).count()
-    assert admitted == len(results)
+    entries = QueueEntry.objects.filter(task_name=span.name)
+    assert entries.filter(admitted_at__isnull=False, token=1).count() == len(results)

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 import pools
 from pools import QueueTimeout, testing
-from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, EntryState, Pool, QueueEntry
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import read_notes, wait_for, wait_notes
@@ -91,9 +91,12 @@ def errbacks(where: Path, expected: set[str]) -> list[dict]:
 
 
 def never_started(*keys: str) -> None:
-    assert not PoolEvent.objects.filter(
-        key__in=keys, kind__in=[EventKind.ADMITTED, EventKind.STARTED]
-    ).exists()
+    """Never admitted nor started (the entries carry those transitions)."""
+    assert (
+        not QueueEntry.objects.filter(key__in=keys)
+        .exclude(admitted_at__isnull=True, started_at__isnull=True)
+        .exists()
+    )
 
 
 def test_results__expired_entry_fails_with_queue_timeout_and_calls_link_error(

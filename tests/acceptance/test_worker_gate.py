@@ -14,6 +14,7 @@ from celery.result import AsyncResult
 from celery.utils import uuid
 
 from pools.celery import gate
+from pools.core import events as pool_events
 from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
 from tests.bridge import RecordingBridge
@@ -26,7 +27,14 @@ TIMEOUT = 60
 
 
 def events(key: str, kind: str) -> list[PoolEvent]:
-    return list(PoolEvent.objects.filter(key=key, kind=kind).order_by("id"))
+    """The key's events of one kind, from the stream (logged rows and what entries carry).
+
+    A normal transition appears once per entry (the entry carries its last one); the body
+    runs recorded by the task itself (``runs``) count the executions.
+    """
+    logged = PoolEvent.objects.filter(key=key).order_by("id")
+    stream = pool_events.stream(QueueEntry.objects.filter(key=key), logged)
+    return [e for e in stream if e.kind == kind]
 
 
 def runs(path: Path) -> list[dict]:

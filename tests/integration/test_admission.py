@@ -16,7 +16,7 @@ from pools.exceptions import (
     PoolFull,
     UnknownPool,
 )
-from pools.models import Demand, EntryState, EventKind, PoolEvent, QueueEntry
+from pools.models import Demand, EntryState, Pool, QueueEntry
 from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
@@ -212,7 +212,9 @@ def test_settle__is_exactly_once_per_token(recorder: RecordingBridge) -> None:
     assert admission.settle(adm.entry_id, adm.token, "succeeded")
     assert not admission.settle(adm.entry_id, adm.token, "succeeded")
     assert not admission.settle(adm.entry_id, adm.token + 1, "failed")
-    assert PoolEvent.objects.filter(kind=EventKind.SETTLED).count() == 1
+    entry = QueueEntry.objects.get(pk=adm.entry_id)
+    assert (entry.state, entry.token) == (EntryState.SUCCEEDED, adm.token)
+    assert Pool.objects.get(name="p").held == 0, "the slot was released once"
 
 
 def test_paused_pool__admits_nothing_until_resumed(recorder: RecordingBridge) -> None:

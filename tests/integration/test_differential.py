@@ -125,6 +125,7 @@ def snapshot() -> dict[str, Any]:
                 "reason": e.reason,
                 "attempt": e.attempt,
                 "admitted_at": e.admitted_at,
+                "admission_seq": e.admission_seq,
                 "started_at": e.started_at,
                 "finished_at": e.finished_at,
                 "args": e.args,
@@ -143,10 +144,13 @@ def snapshot() -> dict[str, Any]:
 
 
 def event_log() -> dict[str, list[Any]]:
-    """Events per entry key in the order written; the rows one operation wrote for the
-    pools of one entry (same kind and token) form one group, compared as a set."""
+    """The event stream (logged rows and the transitions the entries carry) per entry key,
+    in order; the events of one operation for the pools of one entry (same kind and token)
+    form one group, compared as a set."""
+    from pools.core import events
+
     groups: dict[str, list[Any]] = {}
-    for ev in PoolEvent.objects.order_by("id"):
+    for ev in events.stream(QueueEntry.objects.all(), PoolEvent.objects.order_by("id")):
         per_key = groups.setdefault(ev.key or f"pool:{ev.pool}", [])
         head = (ev.kind, ev.token, offset(ev.at))
         item = (ev.pool, json.dumps(ev.detail, sort_keys=True))
@@ -438,17 +442,17 @@ def test_differential__sql_and_orm_paths_agree_step_by_step(
 def test_differential__self_test_catches_a_planted_difference(
     settings: Settings, recorder: RecordingBridge, listener: Listener
 ) -> None:
-    """The comparison can fail: with the ORM path's ``started`` events planted without
+    """The comparison can fail: with the ORM path's ``started`` signals planted without
     their worker, the first start is reported as a difference."""
     from pools.core import events
 
     sql = run_path(DEFAULT_SEEDS[0], True, settings, recorder, listener)
-    real = events.record
+    real = events.transition
 
     def planted(kind: EventKind, entries: Any, *, at: datetime, detail: Any = None) -> None:
         real(kind, entries, at=at, detail=None if kind == EventKind.STARTED else detail)
 
-    with mock.patch.object(events, "record", planted):
+    with mock.patch.object(events, "transition", planted):
         orm = run_path(DEFAULT_SEEDS[0], False, settings, recorder, listener)
     difference = first_difference(sql, orm)
     assert difference is not None and "start" in difference.splitlines()[0], difference

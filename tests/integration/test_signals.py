@@ -1,5 +1,6 @@
-"""Lifecycle signals: sent after commit, once per event row, never for rolled-back work,
-and on both admission paths alike: connecting a receiver does not change the path."""
+"""Lifecycle signals: sent after commit, once per event of the stream (the logged rows and
+the normal transitions the entries carry), never for rolled-back work, and on both
+admission paths alike: connecting a receiver does not change the path."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from django.db import transaction
 from pytest_django import DjangoAssertNumQueries, Settings
 
 from pools import signals
-from pools.core import admission, leases
-from pools.models import PoolEvent
+from pools.core import admission, events, leases
+from pools.models import PoolEvent, QueueEntry
 from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
@@ -54,9 +55,10 @@ def heard() -> Iterator[Heard]:
 
 
 def stored_rows() -> list[tuple[Any, ...]]:
+    """The event stream as read back from the database (entries and logged rows)."""
     return [
         (e.id, e.kind, e.pool, e.entry_id, e.key, e.token, e.detail, e.at)
-        for e in PoolEvent.objects.order_by("id")
+        for e in events.stream(QueueEntry.objects.all(), PoolEvent.objects.order_by("id"))
     ]
 
 
@@ -79,8 +81,10 @@ def test_signals__one_per_event_row_in_order_on_both_paths(
         "started", "started",
         "settled", "settled", "admitted",  # second admitted by the settle
     ]  # fmt: skip
-    # Each signal carries the stored row (id, time, detail and all), in the order written.
+    # Each signal carries the event as the stream reads it back (time, detail and all),
+    # in the order it happened; the normal transitions write no event row.
     assert heard.rows() == stored_rows()
+    assert not PoolEvent.objects.exists()
     assert {e.detail["worker"] for k, e in heard.events if k == "started"} == {"w1"}
 
 

@@ -47,7 +47,8 @@ def test_snapshot__groups_workers_their_children_and_the_servers(
 
     seconds = cpu.snapshot([10])
 
-    assert seconds == {
+    assert seconds is not None
+    assert {k: v for k, v in seconds.items() if "@" not in k} == {
         "celery main": 1.0,
         "pool processes": 4.0,
         "postgres": 2.0,
@@ -126,3 +127,28 @@ def test_report__cpu_rows_show_pooled_with_plain_in_the_label() -> None:
         ("no-op: CPU/task postgres (plain 0.00)", 2.0, "ms CPU"),
     ]
     assert report._cpu_rows("no-op", {"plain": None, "pooled": cpu_ms["pooled"]}) == []
+
+
+def test_per_task_ms__per_process_a_backend_that_exits_is_left_out():
+    before = {
+        "celery main": 1.0, "pool processes": 2.0, "postgres": 105.0, "redis": 0.0,
+        "machine": 9.0,
+        "celery main@10": 1.0, "pool processes@11": 2.0,
+        "postgres@20": 5.0, "postgres@21": 100.0,  # 21: another session's backend
+    }  # fmt: skip
+    after = {
+        "celery main": 1.5, "pool processes": 3.0, "postgres": 7.0, "redis": 0.0,
+        "machine": 11.0,
+        "celery main@10": 1.5, "pool processes@11": 3.0,
+        "postgres@20": 6.0, "postgres@22": 1.0,  # 21 exited, 22 started
+    }  # fmt: skip
+
+    per_task = cpu.per_task_ms(before, after, tasks=100)
+
+    assert per_task == {
+        "celery main": 5.0,
+        "pool processes": 10.0,
+        "postgres": 20.0,  # 20 spent 1 s, 22 spent 1 s; 21's exit is not a negative cost
+        "redis": 0.0,
+        "machine": 20.0,
+    }

@@ -23,6 +23,7 @@ PINNED = {
     "admission_v1.sql": "9e090804ced08415eb6aacb0906521bdd64efe1aeaf59cdd590cfaf910d344dc",
     "admission_v2.sql": "d9f94e58508d763f2d1d995e4b4716332f7fbef6381a2e8e4661ea3ca90e5f3b",
     "admission_v3.sql": "eaf24b6e10beb08cd00132d6345209985967b1dd65ae7debf50127926a5d03e5",
+    "admission_v4.sql": "8852b6cf704cf4dea38c5fbf8d1b2c5bad24d9ee3db954b0c2268dc40185608c",
 }
 
 

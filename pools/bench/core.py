@@ -1,0 +1,229 @@
+"""W7: the admission core alone (no broker), and what one pooled task costs the database.
+
+Run against a scratch PostgreSQL database (tables created by ``migrate``)::
+
+    POOLS_TEST_DB=postgres POOLS_PG_NAME=pools_bench DJANGO_SETTINGS_MODULE=tests.settings \\
+        python -m pools.bench.core [--procs 1,4,16] [--cycles 2000] [--reps 3]
+
+``N`` processes (``--procs``) each run ``--cycles / N`` times *enqueue -> start -> settle*
+on one pool of ``N`` slots, through the public service functions (``admission.enqueue``,
+``leases.start``, ``admission.settle``), with a bridge that publishes nothing: an admitted
+entry is handed to the process whose call admitted it (its enqueue, or the settle that
+freed the slot), which then starts and settles it, as a worker would. Nothing else runs
+in those processes, so the figures are the admission core's own: how many admissions one
+pool sustains on one PostgreSQL.
+
+Printed as JSON, per ``N``: admissions/s (median of the repetitions, min and max), the
+time each locking call (enqueue, settle) took as seen by its caller, p50 / p99 — an upper
+bound of the time the pool's row lock was held per admission, which is at most that of
+one call — WAL bytes per task (of this database only when the ``pg_walinspect``
+extension is installed in it, see :func:`pools.bench.backlog.wal_bytes_since`) and CPU ms
+per task of the client processes and of their PostgreSQL backends (``/proc``). The pool and its entries are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+#: Name of the pool this script creates (and deletes).
+POOL = "bench-core"
+
+_admitted: list[Any] = []
+
+
+class CollectingBridge:
+    """Keeps each admission for the process whose call admitted it; publishes nothing."""
+
+    def publish(self, admissions: Sequence[Any]) -> None:
+        """Hand admitted entries to this process's loop."""
+        _admitted.extend(admissions)
+
+    def report_finished(self, finished: Sequence[Any]) -> None:
+        """Nothing ends while waiting here."""
+
+    def wake_at(self, pools: Sequence[str], when: Any) -> None:
+        """No timed wake-ups."""
+
+    def terminate(self, key: str) -> None:
+        """Nothing to stop."""
+
+
+bridge = CollectingBridge()
+
+
+def _ticks(pid: int) -> int:
+    """User + system clock ticks of a process (0 where ``/proc`` is missing)."""
+    try:
+        raw = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return 0
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _backend_pid() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def _worker(cycles: int, own: bool, barrier: Any, out: Any) -> None:
+    """One process: ``cycles`` enqueues, and start + settle of whatever it admitted."""
+    import django
+
+    django.setup()
+    from django.test.utils import override_settings
+
+    from pools.bench import core  # this module under its own name (not ``__main__``)
+    from pools.core import admission, leases
+    from pools.core.records import Submission
+    from pools.pg import fastpath
+    from pools.specs import PoolSpec
+
+    if own:
+        fastpath.use_own_connection()
+    spec = PoolSpec.build(POOL, 1)
+    lock_calls: list[float] = []
+    backend = fastpath.own_backend_pid() if own else _backend_pid()
+    backend_ticks = _ticks(backend)
+    own_ticks = _ticks(os.getpid())
+    worker = f"w7-{os.getpid()}"
+    with override_settings(POOLS={"PUBLISHER": "pools.bench.core.bridge"}):
+        barrier.wait()
+        for _ in range(cycles):
+            t0 = time.perf_counter()
+            admission.enqueue(
+                Submission(key=str(uuid.uuid4()), task_name="w7.noop", spec=spec, args=[])
+            )
+            lock_calls.append(time.perf_counter() - t0)
+            while core._admitted:
+                adm = core._admitted.pop(0)
+                claim = leases.start(adm.entry_id, adm.token, worker=worker)
+                if claim is None:
+                    raise RuntimeError(f"W7: start of entry {adm.entry_id} refused")
+                t0 = time.perf_counter()
+                if not admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True):
+                    raise RuntimeError(f"W7: settle of entry {adm.entry_id} refused")
+                lock_calls.append(time.perf_counter() - t0)
+    out.put(
+        {
+            "lock_calls": lock_calls,
+            "client_ticks": _ticks(os.getpid()) - own_ticks,
+            "backend_ticks": _ticks(backend) - backend_ticks,
+        }
+    )
+
+
+def _reset() -> None:
+    from django.db import connection
+
+    from pools.models import Pool, PoolEvent, QueueEntry
+
+    QueueEntry.objects.filter(demand__has_key=POOL).delete()
+    PoolEvent.objects.filter(pool=POOL).delete()
+    Pool.objects.filter(name=POOL).delete()
+    with connection.cursor() as cursor:
+        for table in ("pools_queueentry", "pools_demand", "pools_poolevent", "pools_pool"):
+            cursor.execute(f"VACUUM ANALYZE {table}")
+        cursor.execute("CHECKPOINT")
+
+
+def run_once(procs: int, cycles: int, own: bool = True) -> dict[str, Any]:
+    """One repetition with ``procs`` processes and ``cycles`` tasks in all."""
+    from django.db import connections
+
+    from pools.models import EntryState, Pool, QueueEntry
+
+    _reset()
+    Pool.objects.create(name=POOL, slots=procs)
+    connections.close_all()  # the children open their own
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(procs + 1)
+    out = ctx.Queue()
+    each = max(cycles // procs, 1)
+    children = [ctx.Process(target=_worker, args=(each, own, barrier, out)) for _ in range(procs)]
+    for child in children:
+        child.start()
+    from pools.bench import backlog
+
+    wal0 = backlog.wal_position()
+    connections.close_all()
+    barrier.wait()
+    t0 = time.perf_counter()
+    results = [out.get(timeout=600) for _ in children]
+    elapsed = time.perf_counter() - t0
+    for child in children:
+        child.join()
+    wal = backlog.wal_bytes_since(wal0) or 0.0
+    total = each * procs
+    done = QueueEntry.objects.filter(demand__has_key=POOL, state=EntryState.SUCCEEDED).count()
+    if done != total:
+        raise RuntimeError(f"W7: {done} of {total} entries succeeded")
+    calls = sorted(c for r in results for c in r["lock_calls"])
+    hz = os.sysconf("SC_CLK_TCK")
+    return {
+        "procs": procs,
+        "connection": "own" if own else "django",
+        "tasks": total,
+        "seconds": round(elapsed, 3),
+        "admissions_per_s": round(total / elapsed, 1),
+        "lock_call_ms_p50": round(1000 * calls[len(calls) // 2], 3),
+        "lock_call_ms_p99": round(1000 * calls[int(len(calls) * 0.99)], 3),
+        "wal_bytes_per_task": round(wal / total, 1),
+        "client_cpu_ms_per_task": round(
+            1000 * sum(r["client_ticks"] for r in results) / hz / total, 3
+        ),
+        "backend_cpu_ms_per_task": round(
+            1000 * sum(r["backend_ticks"] for r in results) / hz / total, 3
+        ),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse the options, run W7 and print the figures as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--procs", default="1,4,16")
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--connection",
+        choices=["own", "django"],
+        default="own",
+        help="pools' own prepared connection (as in workers) or Django's (default: own)",
+    )
+    opts = parser.parse_args(argv)
+    import django
+
+    django.setup()
+    report: dict[str, Any] = {"cycles": opts.cycles, "reps": opts.reps, "by_procs": {}}
+    try:
+        for procs in [int(p) for p in opts.procs.split(",")]:
+            runs = [
+                run_once(procs, opts.cycles, opts.connection == "own") for _ in range(opts.reps)
+            ]
+            rates = [r["admissions_per_s"] for r in runs]
+            mid = sorted(runs, key=lambda r: r["admissions_per_s"])[len(runs) // 2]
+            report["by_procs"][procs] = {
+                **mid,
+                "admissions_per_s_min": min(rates),
+                "admissions_per_s_max": max(rates),
+                "admissions_per_s_median": statistics.median(rates),
+            }
+            print(json.dumps({procs: report["by_procs"][procs]}), flush=True)
+    finally:
+        _reset()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Pools' own connection (workers): start and settle run on a connection Celery's Django
+fixup does not close, as server-side prepared statements, with the bound set per session.
+
+PostgreSQL only (the fast path). The test processes' Django connection is closed before
+each call, as Celery's fixup closes it around every task without ``CELERY_DB_REUSE_MAX``:
+start and settle must not reopen it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from pools import signals
+from pools.core import admission, leases
+from pools.exceptions import PoolUnavailable
+from pools.models import EntryState, Pool, PoolEvent, QueueEntry
+from pools.pg import fastpath
+from tests.conftest import POOL_APPS
+from tests.factories import make_pool, submit
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True, available_apps=POOL_APPS),
+]
+
+
+@pytest.fixture
+def own(settings: Any) -> Iterator[None]:
+    settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
+    fastpath.use_own_connection()
+    yield
+    fastpath.use_own_connection(False)
+
+
+def _own_prepared() -> list[str]:
+    cur = fastpath._connect().execute("SELECT statement FROM pg_prepared_statements")
+    return [row[0] for row in cur.fetchall()]
+
+
+def test_own_connection__start_and_settle_leave_djangos_connection_closed(recorder, own):
+    heard: list[str] = []
+
+    def receive(sender: Any, event: PoolEvent, **kwargs: Any) -> None:
+        heard.append(f"{event.kind}:{event.key}")
+
+    for signal in signals.BY_KIND.values():
+        signal.connect(receive, sender=PoolEvent, weak=False)
+    try:
+        make_pool("p", 1)
+        assert submit("p", key="a").admitted
+        submit("p", key="b")
+        first = recorder.admissions[0]
+        for _ in range(3):
+            connection.close()  # what Celery's fixup does around each task
+            assert leases.start(first.entry_id, first.token, worker="w") is not None
+            assert connection.connection is None, "start reopened Django's connection"
+            connection.close()
+            assert admission.settle(first.entry_id, first.token, "succeeded", live_lease=True)
+            assert connection.connection is None, "settle reopened Django's connection"
+            # settle admitted the next entry and published it at once (committed).
+            first = recorder.admissions[-1]
+            submit("p", key=f"again-{_}")
+    finally:
+        for signal in signals.BY_KIND.values():
+            signal.disconnect(receive, sender=PoolEvent)
+    assert recorder.keys()[:2] == ["a", "b"]
+    assert "started:a" in heard and "settled:a" in heard and "admitted:b" in heard
+    assert QueueEntry.objects.get(key="a").state == EntryState.SUCCEEDED
+    assert Pool.objects.get(name="p").held == 1
+    # The calls ran as server-side prepared statements on the own connection.
+    prepared = " ".join(_own_prepared())
+    assert "pools_start_v4" in prepared and "pools_settle_v4" in prepared
+
+
+def test_own_connection__inside_djangos_transaction_the_call_joins_it(recorder, own):
+    from django.db import transaction
+
+    make_pool("p", 1)
+    with transaction.atomic():
+        assert submit("p", key="a").admitted
+        assert recorder.keys() == [], "published only when the caller commits"
+    assert recorder.keys() == ["a"]
+
+
+def test_own_connection__lock_timeout_is_pool_unavailable_and_changes_nothing(
+    recorder, own, settings
+):
+    import psycopg
+
+    settings.POOLS = {**settings.POOLS, "LOCK_TIMEOUT_SECONDS": 0.3}
+    make_pool("p", 1)
+    assert submit("p", key="a").admitted
+    adm = recorder.admissions[0]
+    assert leases.start(adm.entry_id, adm.token, worker="w") is not None
+    params = {
+        k: v
+        for k, v in connection.get_connection_params().items()
+        if k not in {"cursor_factory", "context", "prepare_threshold"}
+    }
+    locker = psycopg.connect(**params)
+    try:
+        locker.execute("SELECT 1 FROM pools_pool WHERE name = 'p' FOR UPDATE")
+        with pytest.raises(PoolUnavailable, match=r"lock timeout|statement timeout"):
+            admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
+    finally:
+        locker.rollback()
+        locker.close()
+    assert QueueEntry.objects.get(key="a").state == EntryState.RUNNING
+    assert admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
+
+
+def test_own_connection__one_per_thread(recorder, own):
+    pids: list[int] = []
+
+    def work() -> None:
+        pids.append(fastpath.own_backend_pid())
+        fastpath.close_own_connection()
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(pids)) == 2
+    assert fastpath.own_backend_pid() not in pids
+
+
+def test_own_connection__a_forked_child_opens_its_own(recorder, own):
+    import os
+
+    parent = fastpath.own_backend_pid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a connection of its own, never the parent's
+        try:
+            os.write(write, str(fastpath.own_backend_pid()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = int(os.read(read, 32) or b"0")
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert child and child != parent
+    # The parent's session is intact (closed before the fork, reopened on use).
+    make_pool("p", 1)
+    assert submit("p", key="after-fork").admitted
+    adm = recorder.admissions[0]
+    assert leases.start(adm.entry_id, adm.token, worker="w") is not None
