@@ -51,6 +51,30 @@ TERMINAL_STATES = (
 )
 
 
+class ConcurrencyPolicy(models.TextChoices):
+    """What a new entry does while another entry of the same job waits or runs (SPEC §6)."""
+
+    ALLOW = "allow", _("allow")
+    FORBID = "forbid", _("forbid")
+    REPLACE = "replace", _("replace")
+    SKIP = "skip", _("skip")
+
+
+class OverflowPolicy(models.TextChoices):
+    """What a submit to a pool whose backlog is at ``max_queued`` does."""
+
+    REJECT = "reject", _("reject the new entry")
+    DROP_OLDEST = "drop_oldest", _("drop the oldest waiting entry")
+    DROP_NEWEST = "drop_newest", _("drop the newest waiting entry")
+
+
+class PausedPolicy(models.TextChoices):
+    """What a submit to a paused pool does."""
+
+    QUEUE = "queue", _("queue it")
+    REJECT = "reject", _("reject it")
+
+
 class Origin(models.TextChoices):
     """Where a submission came from."""
 
@@ -86,6 +110,33 @@ class Pool(models.Model):
         help_text=_("A paused pool admits nothing; entries keep their place."),
     )
     description = models.TextField(_("description"), blank=True)
+    #: A capacity change waiting for the entries queued before it to drain (SPEC §6):
+    #: ``slots`` stays in effect until then.
+    pending_slots = models.PositiveIntegerField(
+        _("pending slots"),
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("New capacity, in effect once the entries queued before the change drain."),
+    )
+    overflow = models.CharField(
+        _("overflow policy"),
+        max_length=12,
+        choices=OverflowPolicy.choices,
+        default=OverflowPolicy.REJECT,
+        db_default=OverflowPolicy.REJECT,
+        help_text=_("What a submit does when the backlog is at max_queued."),
+    )
+    paused_policy = models.CharField(
+        _("paused policy"),
+        max_length=8,
+        choices=PausedPolicy.choices,
+        default=PausedPolicy.QUEUE,
+        db_default=PausedPolicy.QUEUE,
+        help_text=_("What a submit does while the pool is paused."),
+    )
+    #: Removed from POOLS['DEFINITIONS'] while it still held or queued work: deleted once empty.
+    retiring = models.BooleanField(_("retiring"), default=False, db_default=False, editable=False)
     #: Slots held by this pool's admitted and running entries: changed only under this
     #: row's lock, by admission (+) and settle / requeue (-); the sweep checks it against
     #: the holders (:func:`pools.core.sweeps.check_held`).
@@ -159,6 +210,27 @@ class QueueEntry(models.Model):
     admission_seq = models.PositiveBigIntegerField(_("admission order"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    # The fields below have database defaults (db_default): the fast-path functions insert
+    # entries without naming them.
+    #: "Same job" for concurrency policies: the periodic task's name for beat fires, else
+    #: the task name plus its optional job key; empty when the entry has no job policy.
+    job = models.CharField(_("job"), max_length=255, blank=True, default="", db_default="")
+    concurrency_policy = models.CharField(
+        _("concurrency policy"),
+        max_length=8,
+        choices=ConcurrencyPolicy.choices,
+        default=ConcurrencyPolicy.ALLOW,
+        db_default=ConcurrencyPolicy.ALLOW,
+    )
+    #: Set for a submit with an idempotency key while the entry is unfinished.
+    #: NULL, not "", when there is none: a unique index then ignores it on every database.
+    idempotency_key = models.CharField(  # noqa: DJ001
+        _("idempotency key"), max_length=255, null=True, blank=True
+    )
+    #: Node affinity: the worker (Celery hostname) that alone may run this entry.
+    pinned_worker = models.CharField(
+        _("pinned worker"), max_length=255, blank=True, default="", db_default=""
+    )
 
     objects = QueueEntryQuerySet.as_manager()
 

@@ -57,6 +57,10 @@ def _job_pk() -> int:
     return int(PeriodicTask.objects.get(name="nightly").pk)
 
 
+#: The pool form's policy fields, at their defaults.
+POLICIES = {"overflow": "reject", "paused_policy": "queue"}
+
+
 @dataclass(frozen=True)
 class Surface:
     """One admin page, view or action: how to call it and which permissions open it."""
@@ -119,14 +123,14 @@ SURFACES = [
         "post",
         lambda: reverse("admin:pools_pool_add"),
         ("pools.add_pool",),
-        data=lambda: {"name": "new", "slots": "1", "max_queued": "", "description": ""},
+        data=lambda: {"name": "new", "slots": "1", "max_queued": "", "description": "", **POLICIES},
     ),
     Surface(
         "pool change",
         "post",
         lambda: reverse("admin:pools_pool_change", args=[Pool.objects.get(name="spare").pk]),
         ("pools.change_pool",),
-        data=lambda: {"slots": "5", "max_queued": "", "description": "x"},
+        data=lambda: {"slots": "5", "max_queued": "", "description": "x", **POLICIES},
     ),
     Surface(
         "pool delete",
