@@ -152,7 +152,7 @@ def _mysql_isolation_message(level: str, where: str) -> CheckMessage:
     return Warning(
         f"MySQL/MariaDB {where} runs at {level.upper()}: pools wants READ COMMITTED. "
         "Under REPEATABLE READ an enqueue inside a transaction that already read may "
-        "count held slots from an old snapshot, and InnoDB gap locks make unrelated "
+        "read the line of waiting entries from an old snapshot, and InnoDB gap locks make unrelated "
         "pools block (and deadlock) each other.",
         id="pools.W020",
         hint="Set DATABASES['default']['OPTIONS']['isolation_level'] = 'read committed' "
