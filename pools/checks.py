@@ -91,7 +91,7 @@ def check_celery_integration(app_configs: Any = None, **kwargs: Any) -> list[Che
                 "'pools.sweep' every POOLS['SWEEP_SECONDS'] in your own beat_schedule.",
             )
         )
-    if not _db_reuse_max(app):
+    if not _db_reuse_max(app) and not _own_worker_connection():
         where = f"the Celery app {app.main!r}" if app is not None else "the Django settings"
         warnings.append(
             Warning(
@@ -129,6 +129,17 @@ def _sweep_in_beat_schedule(app: Celery | None) -> bool:
         isinstance(entry, dict) and entry.get("task") == "pools.sweep"
         for entry in schedule.values()
     )
+
+
+def _own_worker_connection() -> bool:
+    """On the PostgreSQL fast path, workers start and settle on pools' own connection.
+
+    Celery's fix-up does not close that one, so CELERY_DB_REUSE_MAX changes nothing there
+    (docs/benchmarks.md, round two: the same speed set and unset).
+    """
+    from pools.pg import fastpath
+
+    return fastpath.enabled()
 
 
 def _db_reuse_max(app: Celery | None) -> object:

@@ -32,7 +32,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pools.celery import processes
+from pools.celery.processes import Process
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("sigkill", "sigstop", "pg_restart", "redis_restart", "cancel_burst")
@@ -63,17 +65,6 @@ def _pg_version() -> str:
 
 
 @dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    generation: int = 0
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-
-@dataclass
 class Fault:
     kind: str
     at: float  # due when this fraction of the calls has finished
@@ -87,8 +78,8 @@ class Run:
     args: argparse.Namespace
     workdir: Path
     rng: random.Random
-    workers: list[Proc] = field(default_factory=list)
-    beat: Proc | None = None
+    workers: list[Process] = field(default_factory=list)
+    beat: Process | None = None
     keys: list[str] = field(default_factory=list)
     cancelled: set[str] = field(default_factory=set)
     submit_retries: int = 0
@@ -202,73 +193,43 @@ def _wait(predicate: Any, timeout: float, what: str, step: float = 0.2) -> Any:
     raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def _celery(run: Run, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests", *args],
-            cwd=ROOT,
-            env=dict(os.environ),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def start_worker(run: Run) -> Proc:
+def start_worker(run: Run) -> Process:
     from celery import current_app
 
     run.generation += 1
-    name = f"chaos{run.generation}@{socket.gethostname()}"
-    log = run.workdir / f"worker-{run.generation}.log"
-    popen = _celery(
-        run,
-        ["worker", "-c", str(run.args.concurrency), "-P", "prefork", "-n", name,
-         "-I", "tests.chaos.tasks", "-l", "info", "-O", "fair",
-         "--without-gossip", "--without-mingle"],
-        log,
-    )  # fmt: skip
-    proc = Proc(name, popen, log, run.generation)
+    worker = processes.start_worker(
+        "tests",
+        node=f"chaos{run.generation}",
+        log=run.workdir / f"worker-{run.generation}.log",
+        concurrency=run.args.concurrency,
+        include=["tests.chaos.tasks"],
+        extra_args=["-O", "fair"],
+        cwd=ROOT,
+    )
 
     def ready() -> bool:
-        if not proc.alive():
-            raise RuntimeError(f"worker {name} exited; see {log}")
+        if not worker.alive():
+            raise RuntimeError(f"worker {worker.name} exited; see {worker.log}")
         try:
-            replies = current_app.control.ping(destination=[name], timeout=0.5) or []
+            replies = current_app.control.ping(destination=[worker.name], timeout=0.5) or []
         except Exception:  # the broker restarting: not ready yet
             return False
-        return any(name in reply for reply in replies)
+        return any(worker.name in reply for reply in replies)
 
-    _wait(ready, 90, f"worker {name} to answer a ping", step=0.5)
-    run.workers.append(proc)
-    return proc
+    _wait(ready, 90, f"worker {worker.name} to answer a ping", step=0.5)
+    run.workers.append(worker)
+    return worker
 
 
-def start_beat(run: Run) -> Proc:
-    log = run.workdir / "beat.log"
-    popen = _celery(
-        run,
+def start_beat(run: Run) -> Process:
+    return processes.start_celery(
+        "tests",
         ["beat", "-S", "django_celery_beat.schedulers:DatabaseScheduler", "--max-interval", "1",
          "-l", "info", "-s", str(run.workdir / "beat-schedule")],
-        log,
+        log=run.workdir / f"beat-{run.restarted['beat']}.log",
+        name="beat",
+        cwd=ROOT,
     )  # fmt: skip
-    return Proc("beat", popen, log)
-
-
-def stop(procs: list[Proc], timeout: float = 15.0) -> None:
-    for p in procs:
-        if p.alive():
-            p.popen.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(p.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.popen.wait(timeout=timeout)
 
 
 def supervise(run: Run) -> None:
@@ -351,11 +312,6 @@ def _open_bodies(run: Run) -> dict[int, float]:
     return {b.pid: b.start for b in read_bodies(run.workdir / "bodies") if b.end is None}
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
-    return [int(x) for x in out.stdout.split()]
-
-
 def _resume(pid: int) -> None:
     """SIGCONT a paused process (gone already if its worker was SIGKILLed meanwhile)."""
     try:
@@ -369,13 +325,12 @@ def inject(run: Run, fault: Fault, resume_at: list[tuple[float, int]]) -> None:
     live = [w for w in run.workers if w.alive()]
     if fault.kind == "sigkill" and live:
         victim = run.rng.choice(live)
-        os.killpg(victim.popen.pid, signal.SIGKILL)
-        victim.popen.wait()
+        processes.kill([victim])
         run.workers.remove(victim)
         start_worker(run)
         fault.detail = victim.name
     elif fault.kind == "sigstop":
-        children = {c for w in live for c in _children(w.popen.pid)}
+        children = {c for w in live for c in w.children()}
         paused = {pid for _, pid in resume_at}
         children -= paused
         busy = [pid for pid in _open_bodies(run) if pid in children]
@@ -541,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for _, pid in resume_at:
             _resume(pid)
-        stop([*run.workers, *([run.beat] if run.beat else [])])
+        processes.stop([*run.workers, *([run.beat] if run.beat else [])], timeout=15.0)
         ensure_services(args)
 
     from tests.chaos.check import check, max_overlap, read_bodies

@@ -113,6 +113,19 @@ def test_w003__without_an_app_reads_the_settings(no_app: None) -> None:
     assert _state.default_app is None  # the check made no app up
 
 
+def test_w003__silent_on_the_postgresql_fast_path(
+    make_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers start and settle on pools' own connection there, which Celery never closes."""
+    from pools.pg import fastpath
+
+    make_app({})
+    monkeypatch.setattr(fastpath, "enabled", lambda: True)
+    assert _ids() == []
+    monkeypatch.setattr(fastpath, "enabled", lambda: False)
+    assert _ids() == ["pools.W003"]
+
+
 def test_checks__registered_with_django(make_app: Any) -> None:
     make_app({})
     assert "pools.W003" in {message.id for message in run_checks()}
