@@ -595,8 +595,9 @@ def _overflow_victim(pool: Pool, pools: dict[str, Pool], taken: set[int]) -> Que
     order = "entry_id" if pool.overflow == OverflowPolicy.DROP_OLDEST else "-entry_id"
     rows = Demand.objects.queued().filter(pool_id=pool.pk).select_related("entry").order_by(order)
     for row in rows[:VICTIM_SCAN]:
-        if row.entry_id not in taken and set(row.entry.demand) <= pools.keys():
-            return row.entry
+        entry: QueueEntry = row.entry
+        if entry.queue_id not in taken and set(entry.demand) <= pools.keys():
+            return entry
     return None
 
 

@@ -107,8 +107,13 @@ class Explanation:
 
 
 def capacity(pool: Pool) -> int:
-    """Slots in effect for admission (equal to the configured ``slots`` for now)."""
+    """Slots in effect for admission (the old capacity while a capacity change drains)."""
     return pool.slots
+
+
+def configured(pool: Pool) -> int:
+    """The capacity last asked for: the pending one while the pool drains, else ``slots``."""
+    return pool.slots if pool.pending_slots is None else pool.pending_slots
 
 
 def label(queue_id: int) -> str:

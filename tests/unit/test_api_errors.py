@@ -19,8 +19,8 @@ from pools.exceptions import (
     PoolDraining,
     PoolError,
     PoolFull,
-    PoolPaused,
     PoolInUse,
+    PoolPaused,
     PoolUnavailable,
     UnknownPool,
 )
