@@ -135,9 +135,7 @@ def test_pinned__a_stale_heartbeat_is_no_worker_and_the_deadline_still_ends_it(
 def capacity_events(pool: str) -> list[dict[str, object]]:
     return [
         e.detail
-        for e in PoolEvent.objects.filter(kind=EventKind.CAPACITY_CHANGED, pool=pool).order_by(
-            "pk"
-        )
+        for e in PoolEvent.objects.filter(kind=EventKind.CAPACITY_CHANGED, pool=pool).order_by("pk")
     ]
 
 
@@ -152,7 +150,7 @@ def test_drain__decrease_keeps_the_old_capacity_until_the_line_is_empty(
     assert (pool.slots, pool.pending_slots) == (2, 1)
     snap = snapshots.snapshot("p")
     assert (snap.slots, snap.capacity, snap.draining) == (1, 2, True)
-    with pytest.raises(PoolDraining, match="draining to 1 slot.*2 entries"):
+    with pytest.raises(PoolDraining, match=r"draining to 1 slot.*2 entries"):
         submit("p", key="refused")
     assert not QueueEntry.objects.filter(key="refused").exists()
     assert finish(recorder, "r1")  # old capacity: w1 takes the freed slot
