@@ -224,6 +224,18 @@ class CancelSerializer(serializers.Serializer[Any]):
     )
 
 
+class JobStartSerializer(serializers.Serializer[Any]):
+    """Body of ``POST jobs/<name>/start`` (optional)."""
+
+    worker = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=255,
+        help_text="Pin the call to this Celery worker (hostname such as 'w1@host'): it runs "
+        "there only, and waits while that worker has no live heartbeat. Needs worker_direct.",
+    )
+
+
 class JobStartedSerializer(serializers.Serializer[Any]):
     """202: the job's task was sent; ``queue_id``/``pool``/``pools`` only when it is pooled."""
 
