@@ -18,15 +18,25 @@ from tests.testapp.tasks import add
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
 
-@pytest.fixture
-def worker_direct() -> Iterator[None]:
-    """Celery's ``worker_direct`` on for the test."""
+def _worker_direct(on: bool) -> Iterator[None]:
     from tests.celery_app import app
 
     before = app.conf.worker_direct
-    app.conf.worker_direct = True
+    app.conf.worker_direct = on
     yield
     app.conf.worker_direct = before
+
+
+@pytest.fixture
+def worker_direct() -> Iterator[None]:
+    """Celery's ``worker_direct`` on for the test (the test settings turn it on too)."""
+    yield from _worker_direct(True)
+
+
+@pytest.fixture
+def no_worker_direct() -> Iterator[None]:
+    """Celery's ``worker_direct`` off for the test."""
+    yield from _worker_direct(False)
 
 
 @pytest.mark.usefixtures("worker_direct")
@@ -49,6 +59,7 @@ def test_pinned_call__held_for_the_direct_queue_and_waits_for_its_worker(
     assert recorder.keys() == [result.id, behind.id]
 
 
+@pytest.mark.usefixtures("no_worker_direct")
 def test_pinned_call__refused_without_worker_direct(recorder: RecordingBridge) -> None:
     make_pool("warehouse", 1)
     with pytest.raises(PoolConfigurationError, match="worker_direct"):
