@@ -43,7 +43,7 @@ def test_node_affinity__pinned_entry_waits_for_its_stopped_worker_and_runs_there
     processes.stop([pinned_to], STOP_TIMEOUT)  # a clean shutdown forgets its heartbeat row
     assert not WorkerNode.objects.filter(hostname=pinned_to.name).exists()
 
-    pinned = record.apply_async((1,), pool_options={"worker": pinned_to.name})
+    pinned = record.apply_async((1,), pool_options={"worker": pinned_to.name})  # type: ignore[call-arg]
     behind = record.delay(2)
     # The other worker is alive and the pool has 2 free slots: both still wait.
     assert QueueEntry.objects.get(key=pinned.id).state == EntryState.WAITING

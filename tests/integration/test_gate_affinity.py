@@ -44,7 +44,7 @@ def test_pinned_call__held_for_the_direct_queue_and_waits_for_its_worker(
     recorder: RecordingBridge,
 ) -> None:
     make_pool("warehouse", 2)
-    result = add.apply_async((1, 2), pool_options={"worker": "w1@host"})
+    result = add.apply_async((1, 2), pool_options={"worker": "w1@host"})  # type: ignore[call-arg]
     entry = QueueEntry.objects.get(key=result.id)
     assert (entry.state, entry.pinned_worker) == (EntryState.WAITING, "w1@host")
     held = messages.held_in(entry.options)
@@ -63,7 +63,7 @@ def test_pinned_call__held_for_the_direct_queue_and_waits_for_its_worker(
 def test_pinned_call__refused_without_worker_direct(recorder: RecordingBridge) -> None:
     make_pool("warehouse", 1)
     with pytest.raises(PoolConfigurationError, match="worker_direct"):
-        add.apply_async((1, 2), pool_options={"worker": "w1@host"})
+        add.apply_async((1, 2), pool_options={"worker": "w1@host"})  # type: ignore[call-arg]
     assert not QueueEntry.objects.exists()
 
 
@@ -71,4 +71,4 @@ def test_pinned_call__refused_without_worker_direct(recorder: RecordingBridge) -
 def test_pinned_call__a_bad_hostname_is_refused_at_the_call(recorder: RecordingBridge) -> None:
     make_pool("warehouse", 1)
     with pytest.raises(PoolConfigurationError, match="worker hostname"):
-        add.apply_async((1, 2), pool_options={"worker": "w1"})
+        add.apply_async((1, 2), pool_options={"worker": "w1"})  # type: ignore[call-arg]
