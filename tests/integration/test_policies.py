@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
@@ -289,3 +290,36 @@ def test_retire__a_pool_removed_from_settings_is_deleted_once_empty(
         assert finish(recorder, "run")
         assert sweeps.sweep().retired == ("old",)
         assert not Pool.objects.filter(name__in=["old", "idle"]).exists()
+
+
+# --------------------------------------------------------------------------- manage.py pools
+
+
+def test_command__drain_pause_resume_and_sync_report(
+    recorder: RecordingBridge, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_pool("p", 1)
+    submit("p", key="run")
+    submit("p", key="w")
+    call_command("pools", "drain", "p")
+    assert "p: not draining; capacity 1, 1 held, 1 waiting" in capsys.readouterr().out
+    definitions.update_pool("p", slots=2)
+    call_command("pools", "drain", "p")
+    out = capsys.readouterr().out
+    assert "draining from 1 to 2 slot(s): 1 entry queued before the change left" in out
+    call_command("pools", "list")
+    assert "(draining to 2)" in capsys.readouterr().out
+    call_command("pools", "pause", "p")
+    assert Pool.objects.get(name="p").paused
+    call_command("pools", "resume", "p")
+    assert "resumed p" in capsys.readouterr().out.splitlines()[-1]
+    with pytest.raises(CommandError, match="does not exist"):
+        call_command("pools", "pause", "nope")
+    with defined({"gone": {"slots": 1}}):
+        definitions.sync()
+        submit("gone", key="g")
+    with defined({}):
+        call_command("pools", "sync")
+    assert "retiring: gone was removed from settings but has 1 unfinished entry" in (
+        capsys.readouterr().out
+    )
