@@ -19,8 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
 
 def _worker_direct(on: bool) -> Iterator[None]:
-    from tests.celery_app import app
-
+    app = add.app  # the app the call goes through (another test may have made its own current)
     before = app.conf.worker_direct
     app.conf.worker_direct = on
     yield
