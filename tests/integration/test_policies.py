@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from pools.core import admission, definitions, explain, nodes, snapshots, sweeps
+from pools.core import admission, definitions, explain, leases, nodes, snapshots, sweeps
 from pools.exceptions import PoolDraining, PoolFull, PoolPaused
 from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry, WorkerNode
 from tests.bridge import RecordingBridge
@@ -323,3 +323,15 @@ def test_command__drain_pause_resume_and_sync_report(
     assert "retiring: gone was removed from settings but has 1 unfinished entry" in (
         capsys.readouterr().out
     )
+
+
+def test_pinned__only_its_worker_can_start_it(recorder: RecordingBridge) -> None:
+    make_pool("p", 1)
+    nodes.beat("w1@host")
+    assert submit("p", key="pinned", pinned_worker="w1@host").admitted
+    adm = recorder.admissions[-1]
+    # A delivery to another worker is refused like a stale one: it does not run there.
+    assert leases.start(adm.entry_id, adm.token, worker="w2@host") is None
+    assert state("pinned") == EntryState.ADMITTED
+    assert leases.start(adm.entry_id, adm.token, worker="w1@host") is not None
+    assert state("pinned") == EntryState.RUNNING

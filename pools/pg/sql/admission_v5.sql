@@ -18,6 +18,8 @@
 -- * a head that may be ineligible (concurrency_policy 'forbid' with a job, or pinned to a
 --   worker) is a 'fallback' head: the Python pass checks the other instances of its job
 --   and the worker's heartbeat;
+-- * start refuses (returns nothing, like a stale token) a worker other than the one an
+--   entry is pinned to;
 -- * a settled entry's job is returned (o_detail), so the caller can run the pass over the
 --   pools of a 'forbid' instance of it waiting in other pools;
 -- * an enqueue into a pool that is draining, paused with paused_policy 'reject', or whose
@@ -220,7 +222,7 @@ $$;
 
 -- Start an admitted entry (admitted -> running, compare-and-set on its token) and log it.
 -- Returns one 'started' row (the entry's demand and lease end) and its events, or nothing
--- when the token is stale. All times come from the caller's clock (p_now).
+-- when the token is stale or the entry is pinned to another worker (node affinity). All times come from the caller's clock (p_now).
 CREATE OR REPLACE FUNCTION pools_start_v5(
     p_entry bigint, p_token bigint, p_worker text, p_now timestamptz, p_lease double precision,
     p_events boolean, p_lock_ms integer)
@@ -245,6 +247,7 @@ BEGIN
                THEN e.lease_expires_at
                ELSE p_now + make_interval(secs => p_lease) END
      WHERE e.queue_id = p_entry AND e.token = p_token AND e.state = 'admitted'
+       AND (e.pinned_worker = '' OR e.pinned_worker = v_worker)
     RETURNING e.demand, e.lease_expires_at, e.key::text INTO v_demand, v_until, v_key;
     IF NOT FOUND THEN
         RETURN;
