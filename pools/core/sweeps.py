@@ -112,7 +112,13 @@ def check_held() -> int:
 def reclaim(now: datetime) -> int:
     """Put entries whose lease lapsed before ``now`` back in line; returns how many."""
     requeued = 0
-    lapsed = QueueEntry.objects.lapsed(now).values_list("queue_id", "token")[:BATCH]
+    # Oldest lapse first, in a fixed order: each requeue runs a pass that may expire dead
+    # heads, so the order decides what the sweep reports (and the paths must agree).
+    lapsed = (
+        QueueEntry.objects.lapsed(now)
+        .order_by("lease_expires_at", "queue_id")
+        .values_list("queue_id", "token")[:BATCH]
+    )
     for queue_id, token in list(lapsed):
         if admission.requeue(queue_id, token, reason="lease lapsed", lapsed_before=now):
             requeued += 1
