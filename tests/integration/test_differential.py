@@ -366,7 +366,7 @@ class Run:
         )
         timeout = rng.choice([None, None, 5.0, 40.0])
         expires = now + timedelta(seconds=15) if rng.random() < 0.1 else None
-        job = rng.choice(["j1", "j2"]) if rng.random() < 0.15 else ""
+        job = rng.choice(["j1", "j1", "j2"]) if rng.random() < 0.3 else ""
         pinned = rng.choice(["w2@host", "w9@gone"]) if rng.random() < 0.08 else ""
         options = {"expires": expires.isoformat()} if expires else {}
         spec = PoolSpec.build(demand, priority=rng.randint(0, 3), queue_timeout=timeout)
