@@ -70,11 +70,16 @@ class PoolFull(PoolRefused):
     code = "pool_full"
 
     def __init__(self, pool: str, max_queued: int) -> None:
+        # ``args`` are plain data so the exception survives the JSON result serializer (an
+        # entry dropped by an overflow policy fails with it in the result backend).
+        super().__init__(pool, max_queued)
         self.pool = pool
         self.max_queued = max_queued
-        super().__init__(
-            f"Pool {pool!r} is full: it already has {max_queued} waiting entries (max_queued="
-            f"{max_queued}). Retry later, or raise max_queued for this pool."
+
+    def __str__(self) -> str:
+        return (
+            f"Pool {self.pool!r} is full: it already has {self.max_queued} waiting entries "
+            f"(max_queued={self.max_queued}). Retry later, or raise max_queued for this pool."
         )
 
 
@@ -95,6 +100,32 @@ class PoolDraining(PoolRefused):
     """The pool is draining its queue at the old capacity after a capacity change."""
 
     code = "pool_draining"
+
+    def __init__(self, pool: str, to_slots: int, left: int) -> None:
+        self.pool = pool
+        self.to_slots = to_slots
+        self.left = left
+        super().__init__(
+            f"Pool {pool!r} is draining to {to_slots} slot(s) after a capacity change: "
+            f"{left} entr{'y' if left == 1 else 'ies'} queued before the change "
+            f"{'is' if left == 1 else 'are'} left, and new entries are refused until "
+            f"{'it is' if left == 1 else 'they are'} admitted. Retry later; "
+            f"'manage.py pools drain {pool}' shows the progress."
+        )
+
+
+class PoolPaused(PoolRefused):
+    """The pool is paused and its ``paused_policy`` is ``reject``."""
+
+    code = "pool_paused"
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        super().__init__(
+            f"Pool {pool!r} is paused and refuses new entries (paused_policy='reject'). Retry "
+            f"after it is resumed ('manage.py pools resume {pool}', the admin or the REST API), "
+            f"or set paused_policy='queue' to let entries wait while it is paused."
+        )
 
 
 class NotCancellable(PoolRefused):

@@ -270,6 +270,12 @@ class QueueEntry(models.Model):
             models.Index(
                 fields=["root_id"], name="pools_entry_root", condition=models.Q(root_id__gt="")
             ),
+            # Unfinished entries of a job (``forbid``: is another instance held?).
+            models.Index(
+                fields=["job"],
+                name="pools_entry_job",
+                condition=models.Q(job__gt="", finished_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:

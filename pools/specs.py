@@ -17,7 +17,7 @@ from pools.exceptions import PoolConfigurationError
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 
 #: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
-CALL_OPTIONS = frozenset({"priority", "queue_timeout"})
+CALL_OPTIONS = frozenset({"priority", "queue_timeout", "worker"})
 
 
 def validate_pool_name(name: object) -> str:
@@ -28,6 +28,16 @@ def validate_pool_name(name: object) -> str:
             f"starting with a letter or digit (e.g. 'warehouse' or 'partner-api')."
         )
     return name
+
+
+def validate_worker(value: object) -> str:
+    """A Celery worker hostname such as ``w1@host`` (node affinity), at most 255 characters."""
+    if not isinstance(value, str) or "@" not in value or len(value) > 255 or value != value.strip():
+        raise PoolConfigurationError(
+            f"pool_options['worker'] must be a Celery worker hostname such as 'w1@host' (the "
+            f"name 'celery inspect ping' shows), got {value!r}."
+        )
+    return value
 
 
 def validate_slots(value: object, *, what: str) -> int:
@@ -84,6 +94,8 @@ class PoolSpec:
     priority: int = 0
     #: Seconds an entry may wait for admission before it expires; ``None`` waits forever.
     queue_timeout: float | None = None
+    #: Node affinity (per call): the Celery hostname (``w1@host``) that alone may run it.
+    worker: str = ""
 
     def __post_init__(self) -> None:
         """Check a spec however it was made (``build``, ``replace`` or by hand).
@@ -152,6 +164,8 @@ class PoolSpec:
             changes["priority"] = _validate_priority(options["priority"])
         if "queue_timeout" in options:
             changes["queue_timeout"] = _validate_timeout(options["queue_timeout"])
+        if "worker" in options:
+            changes["worker"] = validate_worker(options["worker"])
         return replace(self, **changes)
 
     @property

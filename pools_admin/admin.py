@@ -40,15 +40,19 @@ def _mount(model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponse]
 class PoolAdmin(admin.ModelAdmin):
     list_display = (
         "name",
+        "configured",
         "capacity",
+        "draining",
         "held",
         "waiting",
         "paused",
         "max_queued",
+        "overflow",
         "defined_in_settings",
+        "retiring",
         "occupancy",
     )
-    list_filter = ("paused", "defined_in_settings")
+    list_filter = ("paused", "defined_in_settings", "retiring")
     search_fields = ("name",)
     actions = ["pause_pools", "resume_pools"]
 
@@ -61,9 +65,20 @@ class PoolAdmin(admin.ModelAdmin):
         )
         return queryset
 
+    @admin.display(description="slots")
+    def configured(self, obj: Pool) -> int:
+        """The capacity asked for (the pending one while the pool drains)."""
+        return definitions.configured_slots(obj)
+
     @admin.display(description="capacity", ordering="slots")
     def capacity(self, obj: Pool) -> int:
+        """The capacity in effect for admission."""
         return obj.slots
+
+    @admin.display(description="draining", boolean=True)
+    def draining(self, obj: Pool) -> bool:
+        """A capacity change waits for the entries queued before it."""
+        return obj.pending_slots is not None
 
     @admin.display(description="held", ordering="held_slots")
     def held(self, obj: Pool) -> int:
@@ -82,16 +97,23 @@ class PoolAdmin(admin.ModelAdmin):
         # Entries name their pools: renaming would orphan them.
         return ("name", "defined_in_settings") if obj else ("defined_in_settings",)
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None and obj.pending_slots is not None:
+            # The form edits the configured capacity: the pending one while the pool drains.
+            obj.slots = obj.pending_slots
+        return obj
+
     def save_model(self, request: HttpRequest, obj: Pool, form: Any, change: bool) -> None:
-        before = (
-            Pool.objects.filter(pk=obj.pk).values("slots", "paused").first() if change else None
-        )
-        super().save_model(request, obj, form, change)
-        definitions.pool_saved(
-            obj,
-            old_slots=before["slots"] if before else None,
-            old_paused=before["paused"] if before else None,
-        )
+        # Through the service functions: a capacity change drains (definitions.change_slots).
+        data = {f: form.cleaned_data[f] for f in definitions.EDITABLE if f in form.cleaned_data}
+        if change:
+            changed = {f: v for f, v in data.items() if f in form.changed_data}
+            saved = definitions.update_pool(obj.name, **changed)
+        else:
+            saved = definitions.create_pool(name=obj.name, **data)
+        obj.pk = saved.pk
+        obj.slots, obj.pending_slots = saved.slots, saved.pending_slots
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[Pool], paused: bool) -> None:
         changed = [p.name for p in queryset if definitions.set_paused(p.name, paused)]

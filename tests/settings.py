@@ -108,6 +108,8 @@ else:
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "memory://")
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "cache+memory://")
 CELERY_TASK_ACKS_LATE = True
+# Each worker also consumes its own direct queue (node affinity: pool_options={"worker": ...}).
+CELERY_WORKER_DIRECT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("POOLS_TEST_PREFETCH", "1"))
 # Keep worker database connections between tasks (Celery's Django fixup otherwise closes
 # them before and after every task, and each pooled task would reconnect to settle).

@@ -5,7 +5,7 @@ exception                              status  body
 =====================================  ======  ==========================================
 EntryNotFound, UnknownPool, JobNotFound  404   ``{"detail": message, "code": code}``
 PoolRefused (PoolFull, PoolDraining,     409   ``{"detail": message, "code": code}``
-NotCancellable, PoolInUse, ...)
+PoolPaused, NotCancellable, ...)
 PoolConfigurationError                   400   ``{field: [message]}`` or detail + code
 PoolUnavailable, database unreachable    503   ``{"detail": "pool state is unavailable"}``
 =====================================  ======  ==========================================

@@ -9,7 +9,7 @@ from rest_framework import serializers
 from pools.core import definitions
 from pools.core.explain import BLOCKERS
 from pools.exceptions import PoolConfigurationError
-from pools.models import Pool
+from pools.models import OverflowPolicy, PausedPolicy, Pool
 
 
 class ErrorSerializer(serializers.Serializer[Any]):
@@ -125,11 +125,27 @@ class PoolSnapshotSerializer(serializers.Serializer[Any]):
 
     name = serializers.CharField()
     slots = serializers.IntegerField(help_text="Configured capacity.")
-    capacity = serializers.IntegerField(help_text="Capacity in effect for admission.")
+    capacity = serializers.IntegerField(
+        help_text="Capacity in effect for admission: the old one while the pool drains."
+    )
+    draining = serializers.BooleanField(
+        help_text="A capacity change waits for the entries queued before it to be admitted; "
+        "new submits are refused (pool_draining) meanwhile."
+    )
     held = serializers.IntegerField(help_text="Slots held by admitted and running entries.")
     free = serializers.IntegerField()
     max_queued = serializers.IntegerField(allow_null=True)
     paused = serializers.BooleanField()
+    paused_policy = serializers.ChoiceField(
+        choices=PausedPolicy.choices, help_text="What a submit does while the pool is paused."
+    )
+    overflow = serializers.ChoiceField(
+        choices=OverflowPolicy.choices,
+        help_text="What a submit does when the backlog is at max_queued.",
+    )
+    retiring = serializers.BooleanField(
+        help_text="Removed from settings while it held or queued work: deleted once empty."
+    )
     description = serializers.CharField()
     defined_in_settings = serializers.BooleanField()
     counts = serializers.DictField(
@@ -208,6 +224,18 @@ class CancelSerializer(serializers.Serializer[Any]):
     )
 
 
+class JobStartSerializer(serializers.Serializer[Any]):
+    """Body of ``POST jobs/<name>/start`` (optional)."""
+
+    worker = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=255,
+        help_text="Pin the call to this Celery worker (hostname such as 'w1@host'): it runs "
+        "there only, and waits while that worker has no live heartbeat. Needs worker_direct.",
+    )
+
+
 class JobStartedSerializer(serializers.Serializer[Any]):
     """202: the job's task was sent; ``queue_id``/``pool``/``pools`` only when it is pooled."""
 
@@ -233,6 +261,8 @@ class PoolInputSerializer(serializers.Serializer[Any]):
     max_queued = serializers.IntegerField(allow_null=True, required=False)
     paused = serializers.BooleanField(required=False)
     description = serializers.CharField(allow_blank=True, required=False)
+    overflow = serializers.ChoiceField(choices=OverflowPolicy.choices, required=False)
+    paused_policy = serializers.ChoiceField(choices=PausedPolicy.choices, required=False)
 
     def validate_name(self, value: str) -> str:
         """Valid name, not taken (on create), unchanged (on update)."""

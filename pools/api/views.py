@@ -305,9 +305,14 @@ class JobStartView(PoolsAPIView):
 
     @extend_schema(
         operation_id="jobs_start",
-        request=None,
+        request=s.JobStartSerializer,
         responses={
             202: s.JobStartedSerializer,
+            400: _error(
+                "Invalid worker, or a worker given for a task that is not pooled "
+                "(pool_configuration).",
+                s.ValidationErrorSerializer,
+            ),
             404: _error("Unknown periodic task (job_not_found)."),
             409: _error(
                 "A pool refuses the task (pool_full, pool_draining, unknown_pool, "
@@ -318,8 +323,12 @@ class JobStartView(PoolsAPIView):
     )
     def post(self, request: Request, name: str) -> Response:
         """Send the job's task through the pools gate."""
+        data = s.JobStartSerializer(data=request.data or {})
+        data.is_valid(raise_exception=True)
         try:
-            started = jobs.start_job(name, origin=Origin.MANUAL)
+            started = jobs.start_job(
+                name, origin=Origin.MANUAL, worker=data.validated_data.get("worker", "")
+            )
         except UnknownPool as exc:  # the task names a pool that is missing: a refusal here
             refused = PoolRefused(str(exc))
             refused.code = exc.code

@@ -20,6 +20,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.app import base as celery_base
 from celery.utils import uuid
+from celery.utils.nodenames import worker_direct
 from django.db import connection
 from django.utils import timezone
 
@@ -142,6 +143,8 @@ def _gated_send_task(
             )
         return _original_send_task(self, name, args, kwargs, **options)
     spec = spec.with_call_options(call_options)
+    if spec.worker:
+        _route_to_worker(self, spec.worker, options)
     beat_fire = refusals.is_beat_fire(options.get("headers"), origin)
     if beat_fire and not options.get("task_id"):
         options["task_id"] = uuid()  # what send_task would pick: the id of a dropped fire
@@ -158,6 +161,25 @@ def _gated_send_task(
         if refused is exc:
             raise
         raise refused from exc
+
+
+def _route_to_worker(app: Celery, worker: str, options: dict[str, Any]) -> None:
+    """Send a pinned call to ``worker``'s direct queue (Celery's ``worker_direct``).
+
+    Only that worker consumes the queue, so no other worker can run the entry. Nothing is
+    declared on publish: admission publishes only while the worker has a live heartbeat,
+    and a running worker with ``worker_direct`` has its queue bound.
+    """
+    if not app.conf.worker_direct:
+        raise PoolConfigurationError(
+            f"pool_options={{'worker': {worker!r}}} needs Celery's worker_direct setting "
+            f"(CELERY_WORKER_DIRECT = True, or app.conf.worker_direct = True) on the workers "
+            f"and the callers, so each worker consumes its own queue."
+        )
+    for key in ("exchange", "routing_key"):
+        options.pop(key, None)
+    options["queue"] = worker_direct(worker)
+    options["declare"] = []
 
 
 def _submit(
@@ -238,6 +260,7 @@ def _submission(
         root_id=str(headers.get("root_id") or ""),
         parent_id=str(headers.get("parent_id") or ""),
         attempt=int(headers.get("retries") or 0),
+        pinned_worker=spec.worker,
     )
 
 

@@ -45,8 +45,11 @@ def _json_field(raw: str | None, default: Any, name: str, what: str) -> Any:
         ) from exc
 
 
-def start_job(name: str, *, origin: Origin = Origin.MANUAL) -> JobStarted:
+def start_job(name: str, *, origin: Origin = Origin.MANUAL, worker: str = "") -> JobStarted:
     """Send periodic task ``name``'s task now, through the pools gate.
+
+    ``worker`` (a Celery hostname) pins the call to that worker (node affinity, pooled
+    tasks only): it runs there and nowhere else, and waits while that worker is down.
 
     Raises :class:`JobNotFound` for an unknown name; a pool's refusal propagates
     (:class:`PoolFull`, :class:`PoolDraining`, ...), as does :class:`PoolUnavailable`,
@@ -76,6 +79,13 @@ def start_job(name: str, *, origin: Origin = Origin.MANUAL) -> JobStarted:
     key = uuid()
     spec = gate.spec_for(current_app, job.task)
     pooled = spec is not None
+    if worker:
+        if spec is None:
+            raise PoolConfigurationError(
+                f"Periodic task {name!r} runs {job.task}, which is not pooled: only a pooled "
+                f"task can be pinned to a worker."
+            )
+        options[gate.CALL_OPTION] = {"worker": worker}
     try:
         current_app.send_task(job.task, args, kwargs, task_id=key, **options)
     except PoolError as exc:  # refused or unreachable: nothing was queued

@@ -3,7 +3,9 @@
 An entry whose Celery ``expires`` passed while it waited ends as Celery ends an expired
 task: REVOKED with reason ``expired`` (a failed part of its chord). One whose
 ``queue_timeout`` passed becomes a FAILURE carrying :class:`~pools.exceptions.QueueTimeout`;
-a cancelled one becomes REVOKED. Those two also call ``link_error`` callbacks and count
+a cancelled one becomes REVOKED; one dropped by a full backlog's overflow policy
+(``drop_oldest`` / ``drop_newest``) becomes a FAILURE carrying
+:class:`~pools.exceptions.PoolFull`. Those two also call ``link_error`` callbacks and count
 as a failed part of a chord, the way a failing task would.
 """
 
@@ -18,7 +20,7 @@ from celery.utils.functional import maybe_list
 
 from pools.celery import messages
 from pools.core.records import EXPIRES, Finished
-from pools.exceptions import QueueTimeout
+from pools.exceptions import PoolFull, QueueTimeout
 
 
 def _request(item: Finished) -> Context:
@@ -68,6 +70,10 @@ def report(item: Finished) -> None:
         return
     if item.state == "expired":
         backend.mark_as_failure(item.key, QueueTimeout(item.pool, item.deadline), request=request)
+        return
+    if item.dropped_at is not None:
+        # Dropped by a full backlog's overflow policy: fails as the submit would have.
+        backend.mark_as_failure(item.key, PoolFull(item.pool, item.dropped_at), request=request)
         return
     reason = f"{item.state} while waiting for pool {item.pool!r}: {item.reason}"
     backend.mark_as_revoked(item.key, reason, request=request)

@@ -254,7 +254,11 @@ class _NodeHeartbeat(threading.Thread):
     def run(self) -> None:
         while not self.stopped.is_set():
             try:
-                nodes.beat(self.hostname)
+                if nodes.beat(self.hostname):
+                    # Joined (or back): entries pinned to this worker may be admitted now.
+                    pinned = nodes.pinned_pools(self.hostname)
+                    if pinned:
+                        admission.admit(pinned)
             except Exception:
                 logger.warning("worker heartbeat for %s failed", self.hostname, exc_info=True)
                 connection.close()

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,7 +42,7 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from pools import conf
-from pools.core import dispatch, events
+from pools.core import dispatch, eligibility, events, nodes
 from pools.core.locking import locked_pools, unavailable_on_error
 from pools.core.records import (
     EXPIRES,
@@ -56,15 +56,20 @@ from pools.exceptions import (
     DemandExceedsCapacity,
     EntryNotFound,
     NotCancellable,
+    PoolDraining,
     PoolFull,
+    PoolPaused,
     UnknownPool,
 )
 from pools.models import (
     DELAYED,
     HELD_STATES,
+    ConcurrencyPolicy,
     Demand,
     EntryState,
     EventKind,
+    OverflowPolicy,
+    PausedPolicy,
     Pool,
     QueueEntry,
 )
@@ -154,6 +159,15 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
     admitted: list[QueueEntry] = []
     expired: list[QueueEntry] = []
     done: set[int] = set()
+    # Ineligible heads (forbid, pinned worker) stay so for the rest of the pass.
+    ineligible: set[int] = set()
+    admitted_jobs: set[str] = set()
+    live: list[set[str]] = []
+
+    def live_hostnames() -> set[str]:
+        if not live:  # one query per pass, and only when a pinned head is looked at
+            live.append(nodes.live_hostnames())
+        return live[0]
 
     while True:
         lines: dict[int, deque[Demand]] = {}
@@ -175,7 +189,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             while line:
                 if free[pool.pk] <= 0:
                     # A full pool's line is not looked at further (dead heads behind the
-                    # last admission wait for the sweep): the same rule as pools_admit_v4,
+                    # last admission wait for the sweep): the same rule as pools_admit_v5,
                     # and not dependent on how many rows this pass happened to read.
                     break
                 entry = line[0].entry
@@ -189,6 +203,14 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
                     _drop_from_lines(entry, pools, lines)
                     progress = True
                     continue
+                if entry.queue_id in ineligible or (
+                    eligibility.is_special(entry)
+                    and eligibility.blocker(entry, live=live_hostnames, admitted_jobs=admitted_jobs)
+                    is not None
+                ):
+                    # An ineligible head blocks its pool's lower entries (SPEC §3).
+                    ineligible.add(entry.queue_id)
+                    break
                 if not _fits_everywhere(entry, pools, lines, free, result.needs):
                     break
                 for name, slots in entry.demand.items():
@@ -196,6 +218,8 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
                 _drop_from_lines(entry, pools, lines)
                 done.add(entry.queue_id)
                 admitted.append(entry)
+                if entry.job:
+                    admitted_jobs.add(entry.job)
                 progress = True
         if not progress or not any(pid in full_batch and free[pid] > 0 for pid in lines):
             break
@@ -216,7 +240,28 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
         )
     if expired:
         result.finished.extend(_expire(expired, now))
+    for pool in pools.values():
+        if pool.pending_slots is not None:
+            _end_drain_if_empty(pool, now)
     return result
+
+
+def _end_drain_if_empty(pool: Pool, now: datetime) -> None:
+    """A draining pool whose line is empty takes its new capacity (under its lock).
+
+    Delayed entries are not in line: they join it later, under the new capacity.
+    """
+    if pool.pending_slots is None or Demand.objects.line(pool.pk).exists():
+        return
+    before, after = pool.slots, pool.pending_slots
+    Pool.objects.filter(pk=pool.pk).update(slots=after, pending_slots=None, updated_at=now)
+    pool.slots, pool.pending_slots = after, None
+    events.record_pool(
+        EventKind.CAPACITY_CHANGED,
+        pool.name,
+        at=now,
+        detail={"from": before, "to": after, "drained": True},
+    )
 
 
 def _promote_due(pools: dict[str, Pool], now: datetime, result: _Pass) -> None:
@@ -425,16 +470,26 @@ def admit_all() -> list[Admission]:
 def enqueue(sub: Submission) -> Enqueued:
     """Put a call in line and admit whatever fits (the fast path), in one transaction.
 
-    Raises :class:`UnknownPool`, :class:`PoolFull`, :class:`DemandExceedsCapacity`
-    or :class:`PoolUnavailable`; nothing is written when it raises.
+    Raises :class:`UnknownPool`, :class:`DemandExceedsCapacity`, :class:`PoolPaused`,
+    :class:`PoolDraining`, :class:`PoolFull` or :class:`PoolUnavailable`; nothing is written
+    when it raises. A full pool whose overflow policy drops an entry drops it instead.
     """
     now = timezone.now()
-    spec = sub.spec
     deadline = _deadline(sub, now)
-    if fastpath.enabled():
-        return _enqueue_in_one_call(sub, now, deadline)
+    # Entries with a job or a pinned worker carry columns the fast-path functions do not
+    # write: they are enqueued on the Python path (so is any enqueue a pool policy decides).
+    if fastpath.enabled() and not (sub.job or sub.pinned_worker):
+        enqueued = _enqueue_in_one_call(sub, now, deadline)
+        if enqueued is not None:
+            return enqueued
+    return _enqueue_locked(sub, now, deadline)
+
+
+def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
+    """:func:`enqueue` on the Python path: the refusals, the overflow drop and the pass."""
+    spec = sub.spec
     with locked_pools(spec.demand) as pools:
-        _refuse(spec.demand, pools)
+        dropped = _refuse(spec.demand, pools, now)
         entry = QueueEntry.objects.create(
             key=sub.key,
             task_name=sub.task_name,
@@ -450,6 +505,9 @@ def enqueue(sub: Submission) -> Enqueued:
             root_id=sub.root_id or "",
             parent_id=sub.parent_id or "",
             attempt=sub.attempt,
+            job=sub.job,
+            concurrency_policy=sub.concurrency_policy,
+            pinned_worker=sub.pinned_worker,
         )
         delayed = sub.not_before is not None and sub.not_before > now
         Demand.objects.bulk_create(
@@ -467,7 +525,7 @@ def enqueue(sub: Submission) -> Enqueued:
         if delayed and sub.not_before is not None:
             _note_due(pools, spec.demand, sub.not_before)
         step = _admit_locked(pools, now)  # also schedules the wake-up of a delayed entry
-        dispatch.after_commit(step.admissions, step.finished, step.wake)
+        dispatch.after_commit(step.admissions, [*dropped, *step.finished], step.wake)
     # Admitted by this call's own pass or by its follow-up pass (as on the fast path).
     admissions = [*step.admissions, *_follow_up(_still_needed(step, pools))]
     return Enqueued(
@@ -477,11 +535,15 @@ def enqueue(sub: Submission) -> Enqueued:
     )
 
 
-def _refuse(demand: dict[str, int], pools: dict[str, Pool]) -> None:
+def _refuse(demand: dict[str, int], pools: dict[str, Pool], now: datetime) -> list[Finished]:
     """Raise the refusal that wins (docs/concepts/contract.md), if any; under the locks.
 
-    Precedence: an unknown pool, then a demand above a pool's capacity, then a full
-    backlog; within each, the first pool by name. ``pools_enqueue_v4`` does the same.
+    Precedence: an unknown pool, then a demand above a pool's capacity, then a pool paused
+    with ``paused_policy="reject"``, then a draining pool, then a full backlog whose
+    overflow policy is ``reject``; within each, the first pool by name.
+    ``pools_enqueue_v5`` does the same, and hands the policies to this function.
+    A full backlog with ``drop_oldest`` / ``drop_newest`` drops one waiting entry
+    instead (returned, already ended ``rejected``).
     """
     names = sorted(demand)
     for name in names:
@@ -491,9 +553,52 @@ def _refuse(demand: dict[str, int], pools: dict[str, Pool]) -> None:
         if demand[name] > pools[name].slots:
             raise DemandExceedsCapacity(name, demand[name], pools[name].slots)
     for name in names:
+        if pools[name].paused and pools[name].paused_policy == PausedPolicy.REJECT:
+            raise PoolPaused(name)
+    for name in names:
+        pool = pools[name]
+        if pool.pending_slots is not None:
+            raise PoolDraining(name, pool.pending_slots, Demand.objects.line(pool.pk).count())
+    victims: list[tuple[Pool, QueueEntry]] = []
+    for name in names:
         pool = pools[name]
         if pool.max_queued is not None and _line_reaches(pool, pool.max_queued):
-            raise PoolFull(name, pool.max_queued)
+            victim = None
+            if pool.overflow != OverflowPolicy.REJECT:
+                victim = _overflow_victim(pool, pools, {e.queue_id for _, e in victims})
+            if victim is None:
+                raise PoolFull(name, pool.max_queued)
+            victims.append((pool, victim))
+    dropped: list[Finished] = []
+    for pool, victim in victims:
+        reason = (
+            f"dropped by overflow policy {pool.overflow}: pool {pool.name!r} was full "
+            f"(max_queued={pool.max_queued})"
+        )
+        dropped += [
+            replace(f, pool=pool.name, dropped_at=pool.max_queued)
+            for f in _finish_waiting([victim], EntryState.REJECTED, now, reason=reason)
+        ]
+    return dropped
+
+
+#: How many of a full pool's oldest/newest entries are looked at for one it can drop.
+VICTIM_SCAN = 50
+
+
+def _overflow_victim(pool: Pool, pools: dict[str, Pool], taken: set[int]) -> QueueEntry | None:
+    """The waiting entry a full pool's overflow policy drops: its oldest or newest entry.
+
+    Only an entry whose pools are all locked by this call can be ended here (a multi-pool
+    entry naming another pool is passed over); ``None`` when there is none.
+    """
+    order = "entry_id" if pool.overflow == OverflowPolicy.DROP_OLDEST else "-entry_id"
+    rows = Demand.objects.queued().filter(pool_id=pool.pk).select_related("entry").order_by(order)
+    for row in rows[:VICTIM_SCAN]:
+        entry: QueueEntry = row.entry
+        if entry.queue_id not in taken and set(entry.demand) <= pools.keys():
+            return entry
+    return None
 
 
 def _shown(value: Any) -> Any:
@@ -514,11 +619,17 @@ def _deadline(sub: Submission, now: datetime) -> datetime | None:
     return deadline
 
 
-def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
-    """:func:`enqueue` as one call of ``pools_enqueue_v4`` (PostgreSQL fast path)."""
+def _enqueue_in_one_call(
+    sub: Submission, now: datetime, deadline: datetime | None
+) -> Enqueued | None:
+    """:func:`enqueue` as one call of ``pools_enqueue_v5`` (PostgreSQL fast path).
+
+    ``None`` when a pool policy decides the enqueue (the function wrote nothing): the
+    caller then runs the Python path.
+    """
     spec = sub.spec
     reply = fastpath.call(
-        "pools_enqueue_v4",
+        "pools_enqueue_v5",
         [
             sub.key,
             sub.task_name,
@@ -546,10 +657,12 @@ def _enqueue_in_one_call(sub: Submission, now: datetime, deadline: datetime | No
             raise UnknownPool(pool)
         if refused.reason == "capacity":
             raise DemandExceedsCapacity(pool, refused.asked or 0, refused.limit or 0)
+        if refused.reason == "policy":
+            return None
         raise PoolFull(pool, refused.limit or 0)
     enqueued = reply.first("enqueued")
     if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
-        raise RuntimeError("pools_enqueue_v4 returned neither 'refused' nor 'enqueued'")
+        raise RuntimeError("pools_enqueue_v5 returned neither 'refused' nor 'enqueued'")
     admissions = _on_commit(reply)
     admissions += _follow_up(reply.fallbacks)
     return Enqueued(
@@ -596,7 +709,7 @@ def settle(
     if fastpath.enabled():
         return _settle_in_one_call(entry_id, token, outcome, reason, live_lease)
     with unavailable_on_error(f"settling entry {entry_id}"):
-        entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
+        entry = QueueEntry.objects.filter(pk=entry_id).only("demand", "job").first()
     if entry is None:
         return False
     now = timezone.now()
@@ -620,16 +733,30 @@ def settle(
             events.transition(EventKind.SETTLED, [entry], at=now, detail={"outcome": entry.state})
             needs = _admit_in(pools, now)
     if changed:
-        _follow_up(needs)
+        _follow_up(needs | _forbid_waiters(entry.job, pools))
     return bool(changed)
+
+
+def _forbid_waiters(job: str, locked: Iterable[str]) -> set[str]:
+    """Pools (beyond ``locked``) of ``forbid`` instances of ``job`` that wait: an instance
+    of the job just finished, so they may be eligible now. Empty without a job."""
+    if not job:
+        return set()
+    names: set[str] = set()
+    waiting = QueueEntry.objects.waiting().filter(
+        job=job, finished_at__isnull=True, concurrency_policy=ConcurrencyPolicy.FORBID
+    )
+    for demand in waiting.values_list("demand", flat=True)[:100]:
+        names |= set(demand)
+    return names - set(locked)
 
 
 def _settle_in_one_call(
     entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
 ) -> bool:
-    """:func:`settle` as one call of ``pools_settle_v4`` (PostgreSQL fast path)."""
+    """:func:`settle` as one call of ``pools_settle_v5`` (PostgreSQL fast path)."""
     reply = fastpath.call(
-        "pools_settle_v4",
+        "pools_settle_v5",
         [
             entry_id,
             token,
@@ -642,10 +769,12 @@ def _settle_in_one_call(
         ],
         what=f"settling entry {entry_id}",
     )
-    if reply.first("settled") is None:
+    settled = reply.first("settled")
+    if settled is None:
         return False
     _on_commit(reply)
-    _follow_up(reply.fallbacks)
+    job = (settled.detail or {}).get("job", "")
+    _follow_up(reply.fallbacks | _forbid_waiters(job, settled.demand or {}))
     return True
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -16,10 +17,10 @@ from pools.exceptions import (
     PoolInUse,
     UnknownPool,
 )
-from pools.models import TERMINAL_STATES, Demand, EventKind, Pool
+from pools.models import TERMINAL_STATES, Demand, EventKind, OverflowPolicy, PausedPolicy, Pool
 from pools.specs import validate_pool_name, validate_slots
 
-_FIELDS = {"slots", "max_queued", "paused", "description"}
+_FIELDS = {"slots", "max_queued", "paused", "description", "overflow", "paused_policy"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +32,10 @@ class PoolDefinition:
     max_queued: int | None = None
     paused: bool = False
     description: str = ""
+    #: What a submit does when the backlog is at ``max_queued`` (:class:`OverflowPolicy`).
+    overflow: str = OverflowPolicy.REJECT
+    #: What a submit does while the pool is paused (:class:`PausedPolicy`).
+    paused_policy: str = PausedPolicy.QUEUE
 
 
 def parse(name: str, raw: Any) -> PoolDefinition:
@@ -54,13 +59,34 @@ def parse(name: str, raw: Any) -> PoolDefinition:
         max_queued = validate_slots(
             max_queued, what=f"POOLS['DEFINITIONS'][{name!r}]['max_queued']"
         )
+    where = f"POOLS['DEFINITIONS'][{name!r}]"
     return PoolDefinition(
         name=name,
         slots=slots,
         max_queued=max_queued,
         paused=bool(raw.get("paused", False)),
         description=str(raw.get("description", "")),
+        overflow=_choice(
+            raw.get("overflow", OverflowPolicy.REJECT), OverflowPolicy, where, "overflow"
+        ),
+        paused_policy=_choice(
+            raw.get("paused_policy", PausedPolicy.QUEUE), PausedPolicy, where, "paused_policy"
+        ),
     )
+
+
+def _choice(value: Any, choices: type[OverflowPolicy | PausedPolicy], where: str, key: str) -> str:
+    """``value`` if it is one of ``choices``, else ``PoolConfigurationError`` listing them."""
+    allowed = [str(c) for c in choices.values]
+    if value not in allowed:
+        exc = PoolConfigurationError(
+            f"{where}[{key!r}] must be one of {allowed}, got {value!r}."
+            if where
+            else f"{key} must be one of {allowed}, got {value!r}."
+        )
+        exc.field = key
+        raise exc
+    return str(value)
 
 
 def declared() -> list[PoolDefinition]:
@@ -75,17 +101,31 @@ class SyncReport:
     created: list[str]
     updated: list[str]
     unchanged: list[str]
+    #: Pools whose capacity change waits for their queue to drain (``pending_slots``).
+    draining: list[str] = field(default_factory=list)
+    #: Pools removed from settings and deleted (they had no unfinished entry).
+    deleted: list[str] = field(default_factory=list)
+    #: Pools removed from settings that still hold or queue work: ``retiring``, deleted
+    #: once empty (by the sweep), with how many unfinished entries they have.
+    retiring: dict[str, int] = field(default_factory=dict)
 
 
 def sync() -> SyncReport:
-    """Create or update the pools declared in settings (pools made in the admin are kept)."""
+    """Create or update the pools declared in settings (pools made in the admin are kept).
+
+    A changed ``slots`` goes through :func:`change_slots` (it drains while entries wait).
+    A pool that was declared in settings and no longer is gets deleted when it has no
+    unfinished entry, else marked ``retiring`` and deleted by the sweep once empty.
+    """
 
     created: list[str] = []
     updated: list[str] = []
     unchanged: list[str] = []
+    draining: list[str] = []
     now = timezone.now()
+    declared_now = declared()
     with transaction.atomic():
-        for d in declared():
+        for d in declared_now:
             pool, was_created = Pool.objects.get_or_create(
                 name=d.name,
                 defaults={
@@ -93,6 +133,8 @@ def sync() -> SyncReport:
                     "max_queued": d.max_queued,
                     "paused": d.paused,
                     "description": d.description,
+                    "overflow": d.overflow,
+                    "paused_policy": d.paused_policy,
                     "defined_in_settings": True,
                 },
             )
@@ -100,45 +142,171 @@ def sync() -> SyncReport:
                 created.append(d.name)
                 continue
             wanted = {
-                "slots": d.slots,
                 "max_queued": d.max_queued,
                 "paused": d.paused,
                 "description": d.description,
+                "overflow": d.overflow,
+                "paused_policy": d.paused_policy,
                 "defined_in_settings": True,
+                "retiring": False,
             }
-            if all(getattr(pool, k) == v for k, v in wanted.items()):
+            if configured_slots(pool) == d.slots and all(
+                getattr(pool, k) == v for k, v in wanted.items()
+            ):
                 unchanged.append(d.name)
                 continue
-            before = pool.slots
-            Pool.objects.filter(pk=pool.pk).update(**wanted, updated_at=now)
+            with locking.locked_pools([d.name]) as locked:
+                pool = locked[d.name]
+                old_paused = pool.paused
+                for key, value in wanted.items():
+                    setattr(pool, key, value)
+                pool.save(update_fields=[*wanted, "updated_at"])
+                change_slots(pool, d.slots, now)
+                _log_pause(pool, old_paused, now)
             updated.append(d.name)
-            if before != d.slots:
-                events.record_pool(
-                    EventKind.CAPACITY_CHANGED,
-                    d.name,
-                    at=now,
-                    detail={"from": before, "to": d.slots},
-                )
+            if pool.pending_slots is not None:
+                draining.append(d.name)
+    deleted, retiring = _retire_removed({d.name for d in declared_now}, now)
     if updated:
         admission.admit(updated)
-    return SyncReport(created=created, updated=updated, unchanged=unchanged)
+    return SyncReport(
+        created=created,
+        updated=updated,
+        unchanged=unchanged,
+        draining=draining,
+        deleted=deleted,
+        retiring=retiring,
+    )
 
 
-def pool_saved(pool: Pool, *, old_slots: int | None, old_paused: bool | None) -> None:
-    """After a pool was created or edited (admin, API): log the change and run admission."""
+def configured_slots(pool: Pool) -> int:
+    """The capacity last asked for: the pending one while the pool drains, else ``slots``."""
+    return pool.slots if pool.pending_slots is None else pool.pending_slots
 
-    now = timezone.now()
-    if old_slots is not None and old_slots != pool.slots:
-        events.record_pool(
-            EventKind.CAPACITY_CHANGED,
-            pool.name,
-            at=now,
-            detail={"from": old_slots, "to": pool.slots},
-        )
+
+def change_slots(pool: Pool, slots: int, now: datetime) -> None:
+    """Ask for a new capacity; the caller holds the pool's lock (SPEC §6, capacity change).
+
+    With entries in line the new value waits in ``pending_slots``: the old capacity stays
+    in effect while those entries drain, new enqueues are refused (``PoolDraining``),
+    and the admission pass that empties the line applies it (with an event). With an
+    empty line it takes effect now. Asking for the capacity in effect ends a drain.
+    """
+    if slots == configured_slots(pool):
+        return
+    before = pool.slots
+    if slots == pool.slots:  # back to the capacity in effect: nothing left to drain
+        pool.pending_slots = None
+        detail: dict[str, Any] = {"from": before, "to": slots, "drain_cancelled": True}
+    elif Demand.objects.line(pool.pk).exists():
+        pool.pending_slots = slots
+        left = Demand.objects.line(pool.pk).count()
+        detail = {"from": before, "to": slots, "draining": True, "left": left}
+    else:
+        pool.slots, pool.pending_slots = slots, None
+        detail = {"from": before, "to": slots}
+    Pool.objects.filter(pk=pool.pk).update(
+        slots=pool.slots, pending_slots=pool.pending_slots, updated_at=now
+    )
+    events.record_pool(EventKind.CAPACITY_CHANGED, pool.name, at=now, detail=detail)
+
+
+def _log_pause(pool: Pool, old_paused: bool | None, now: datetime) -> None:
     if old_paused is not None and old_paused != pool.paused:
         events.record_pool(
             EventKind.CAPACITY_CHANGED, pool.name, at=now, detail={"paused": pool.paused}
         )
+
+
+def _retire_removed(declared_names: set[str], now: datetime) -> tuple[list[str], dict[str, int]]:
+    """Pools once declared in settings and now gone: delete the empty ones, retire the rest."""
+    deleted: list[str] = []
+    retiring: dict[str, int] = {}
+    gone = (
+        Pool.objects.filter(defined_in_settings=True)
+        .exclude(name__in=declared_names)
+        .values_list("name", flat=True)
+    )
+    for name in sorted(gone):
+        active = retire(name, now)
+        if active:
+            retiring[name] = active
+        else:
+            deleted.append(name)
+    return deleted, retiring
+
+
+def retire(name: str, now: datetime | None = None) -> int:
+    """Delete pool ``name`` if it has no unfinished entry, else mark it ``retiring``.
+
+    Returns the number of unfinished entries (0: deleted). Under the pool's lock, so no
+    entry can join it meanwhile; a retiring pool refuses nothing by itself (its tasks
+    are expected to be gone from the code), the sweep calls this again until it is empty.
+    """
+    now = now or timezone.now()
+    with locking.locked_pools([name]) as locked:
+        pool = locked.get(name)
+        if pool is None:
+            return 0
+        active = Demand.objects.filter(pool_id=pool.pk).exclude(state__in=TERMINAL_STATES).count()
+        if active:
+            if not pool.retiring:
+                Pool.objects.filter(pk=pool.pk).update(retiring=True, updated_at=now)
+                events.record_pool(
+                    EventKind.CAPACITY_CHANGED,
+                    name,
+                    at=now,
+                    detail={"retiring": True, "unfinished": active},
+                )
+            return active
+        Demand.objects.filter(pool_id=pool.pk).delete()
+        pool.delete()
+    return 0
+
+
+def sweep_retiring() -> list[str]:
+    """Delete the retiring pools that have become empty (sweep); returns their names."""
+    names = list(Pool.objects.filter(retiring=True).values_list("name", flat=True))
+    return [name for name in names if name not in conf.get().DEFINITIONS and not retire(name)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrainProgress:
+    """Where a pool's capacity change stands (``manage.py pools drain``)."""
+
+    pool: str
+    #: Capacity in effect.
+    capacity: int
+    #: The capacity asked for (equal to ``capacity`` when not draining).
+    slots: int
+    draining: bool
+    #: Entries in line (queued before the change, while draining).
+    left: int
+    held: int
+
+
+def drain_progress(name: str) -> DrainProgress:
+    """The drain state of pool ``name``; raises :class:`UnknownPool`."""
+    pool = Pool.objects.filter(name=name).first()
+    if pool is None:
+        raise UnknownPool(name)
+    return DrainProgress(
+        pool=name,
+        capacity=pool.slots,
+        slots=configured_slots(pool),
+        draining=pool.pending_slots is not None,
+        left=Demand.objects.line(pool.pk).count(),
+        held=pool.held,
+    )
+
+
+def pool_saved(pool: Pool, *, old_slots: int | None, old_paused: bool | None) -> None:
+    """After a pool was created or edited: log a pause change and run admission after commit.
+
+    (A capacity change is logged by :func:`change_slots`; ``old_slots`` is kept for callers.)
+    """
+
+    _log_pause(pool, old_paused, timezone.now())
     transaction.on_commit(lambda: admission.admit([pool.name]))
 
 
@@ -168,7 +336,7 @@ def set_paused(name: str, paused: bool) -> bool:
 # --------------------------------------------------------------------------- pool CRUD (API)
 
 #: Fields of a pool that :func:`update_pool` may change (the name is fixed: entries name it).
-EDITABLE = ("slots", "max_queued", "paused", "description")
+EDITABLE = ("slots", "max_queued", "paused", "description", "overflow", "paused_policy")
 
 
 def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -191,6 +359,10 @@ def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
                 out[key] = value
             elif key == "description":
                 out[key] = str(value)
+            elif key == "overflow":
+                out[key] = _choice(value, OverflowPolicy, "", key)
+            elif key == "paused_policy":
+                out[key] = _choice(value, PausedPolicy, "", key)
             else:
                 raise PoolConfigurationError(
                     f"Unknown pool field {key!r}; allowed: name, {', '.join(EDITABLE)}."
@@ -208,6 +380,8 @@ def create_pool(
     max_queued: int | None = None,
     paused: bool = False,
     description: str = "",
+    overflow: str = OverflowPolicy.REJECT,
+    paused_policy: str = PausedPolicy.QUEUE,
 ) -> Pool:
     """Create a pool (admin, API). Raises ``PoolConfigurationError`` (bad field, name taken)."""
     values = validate_fields(
@@ -217,6 +391,8 @@ def create_pool(
             "max_queued": max_queued,
             "paused": paused,
             "description": description,
+            "overflow": overflow,
+            "paused_policy": paused_policy,
         }
     )
     with transaction.atomic():
@@ -232,8 +408,9 @@ def create_pool(
 
 
 def update_pool(name: str, **changes: Any) -> Pool:
-    """Change a pool's ``slots``, ``max_queued``, ``paused`` or ``description`` under its lock.
+    """Change a pool's fields (:data:`EDITABLE`) under its lock.
 
+    A new ``slots`` goes through :func:`change_slots` (it drains while entries wait).
     Logs capacity/pause changes and runs admission after commit (:func:`pool_saved`).
     Raises ``UnknownPool``, ``PoolConfigurationError`` or ``PoolUnavailable``.
     """
@@ -251,9 +428,12 @@ def update_pool(name: str, **changes: Any) -> Pool:
         if pool is None:
             raise UnknownPool(name)
         old_slots, old_paused = pool.slots, pool.paused
+        slots = values.pop("slots", None)
         for key, value in values.items():
             setattr(pool, key, value)
         pool.save(update_fields=[*values, "updated_at"])
+        if slots is not None:
+            change_slots(pool, slots, timezone.now())
         pool_saved(pool, old_slots=old_slots, old_paused=old_paused)
     return pool
 

@@ -12,13 +12,17 @@ the line. An entry whose ``not_before`` is still in the future is not in line: n
 
 1. ``not_before``: the entry is not due yet (``detail["until"]``);
 2. ``paused``: the pool is paused;
+   then, for the first entry in line that is ineligible (:mod:`pools.core.eligibility`):
+   ``forbid`` (``concurrency_policy="forbid"`` and another instance of its job is admitted
+   or running: ``detail["job"]``, ``detail["holder"]``) or ``worker_unavailable`` (pinned
+   to a worker without a live heartbeat: ``detail["worker"]``);
 3. ``pool_full``: the pool has no free slot for the first entries of its line
    (``detail["holders"]``: who holds the slots);
 4. ``head_of_line``: an entry ahead (``detail["ahead"]``, the head of the line) needs more
-   slots than are free, or waits for something else, and nothing passes it (no backfill);
+   slots than are free, or is ineligible (``detail["ahead"]["blocked_by"]``), and nothing
+   passes it (no backfill);
 5. ``other_pool``: admissible in this pool, but waiting for another pool it also names
-   (``detail["pool"]``);
-6. ``worker_unavailable``: reserved for node affinity (not produced yet).
+   (``detail["pool"]``).
 
 ``None`` means not blocked: admissible now (the next admission pass takes it), or not
 waiting at all (held or finished).
@@ -42,6 +46,7 @@ from typing import Any
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from pools.core import eligibility
 from pools.exceptions import EntryNotFound
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
 
@@ -53,6 +58,7 @@ BLOCKERS = (
     "not_before",
     "other_pool",
     "worker_unavailable",
+    "forbid",
 )
 #: How many recent holds the ETA averages over, per pool.
 HOLD_SAMPLE = 50
@@ -107,8 +113,13 @@ class Explanation:
 
 
 def capacity(pool: Pool) -> int:
-    """Slots in effect for admission (equal to the configured ``slots`` for now)."""
+    """Slots in effect for admission (the old capacity while a capacity change drains)."""
     return pool.slots
+
+
+def configured(pool: Pool) -> int:
+    """The capacity last asked for: the pending one while the pool drains, else ``slots``."""
+    return pool.slots if pool.pending_slots is None else pool.pending_slots
 
 
 def label(queue_id: int) -> str:
@@ -299,7 +310,19 @@ def decide(
             detail={"ahead": ahead},
             eta=None,
         )
-    first_slots = slots if head is None or position == 1 else head.slots
+    first = head is None or position == 1
+    own = eligibility.blocker(entry) if first and eligibility.is_special(entry) else None
+    if own is not None:
+        return PoolPlace(
+            pool=name,
+            slots=slots,
+            position=position,
+            blocked_by=own.kind,
+            message=f"First in line of pool {name!r}, not eligible: {own.message}",
+            detail={**own.detail, "ahead": ahead},
+            eta=None,
+        )
+    first_slots = slots if first or head is None else head.slots
     if view.free == 0 or ((head is None or position == 1) and view.free < first_slots):
         return PoolPlace(
             pool=name,
@@ -316,7 +339,16 @@ def decide(
         )
     if head is not None and position is not None and position > 1:
         head_label = label(head.entry_id)
-        if view.free < head.slots:
+        head_block = eligibility.blocker(head.entry) if eligibility.is_special(head.entry) else None
+        ahead_detail: dict[str, Any] = {
+            "queue_id": head.entry_id,
+            "key": head.entry.key,
+            "slots": head.slots,
+        }
+        if head_block is not None:
+            why = f"is not eligible: {head_block.message}"
+            ahead_detail["blocked_by"] = head_block.kind
+        elif view.free < head.slots:
             why = f"needs {head.slots} slot(s) and only {view.free} of {cap} are free"
         else:
             why = "is waiting for its turn (or for another pool it names)"
@@ -330,7 +362,7 @@ def decide(
                 f"nothing passes it.{behind}"
             ),
             detail={
-                "ahead": {"queue_id": head.entry_id, "key": head.entry.key, "slots": head.slots},
+                "ahead": ahead_detail,
                 "free": view.free,
                 "holders": holder_keys,
             },

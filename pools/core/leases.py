@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from pools import conf
@@ -34,7 +34,8 @@ class Claim:
 
 
 def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
-    """Mark an admitted entry running on ``worker``; None if the token is stale or it already ran.
+    """Mark an admitted entry running on ``worker``; None if the token is stale, it already
+    ran, or it is pinned to another worker (node affinity: no other worker runs it).
 
     Bounded like every pool operation; a database error or timeout raises
     :class:`~pools.exceptions.PoolUnavailable` and changes nothing.
@@ -44,7 +45,7 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     worker = worker[:255]
     if fastpath.enabled():
         reply = fastpath.call(
-            "pools_start_v4",
+            "pools_start_v5",
             [entry_id, token, worker, now, lease, fastpath.listening()],
             what="starting a claim",
         )
@@ -58,12 +59,15 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     renewed = now + timedelta(seconds=lease)
     with locking.bounded("starting a claim"):
         changed = QueueEntry.objects.filter(
-            pk=entry_id, token=token, state=EntryState.ADMITTED
+            Q(pinned_worker="") | Q(pinned_worker=worker),
+            pk=entry_id,
+            token=token,
+            state=EntryState.ADMITTED,
         ).update(
             state=EntryState.RUNNING,
             started_at=now,
             worker=worker,
-            lease_expires_at=Case(  # kept when 2/3 of it are left: see pools_start_v4
+            lease_expires_at=Case(  # kept when 2/3 of it are left: see pools_start_v5
                 When(
                     lease_expires_at__gte=now + timedelta(seconds=lease * 2 / 3),
                     then=F("lease_expires_at"),

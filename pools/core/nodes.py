@@ -8,18 +8,39 @@ from datetime import timedelta
 from django.utils import timezone
 
 from pools import conf
-from pools.models import WorkerNode
+from pools.models import QueueEntry, WorkerNode
 
 
-def beat(hostname: str) -> None:
-    """Record that ``hostname`` is alive now."""
+def beat(hostname: str) -> bool:
+    """Record that ``hostname`` is alive now; True when it was not live before (a join).
+
+    One UPDATE while the worker stays live. A join is when entries pinned to the worker
+    (node affinity) may become eligible: the caller then runs admission over their pools.
+    """
     now = timezone.now()
-    updated = WorkerNode.objects.filter(hostname=hostname).update(last_seen=now, pid=os.getpid())
-    if not updated:
-        WorkerNode.objects.update_or_create(
-            hostname=hostname,
-            defaults={"last_seen": now, "started_at": now, "pid": os.getpid()},
-        )
+    live_since = now - timedelta(seconds=conf.get().NODE_TIMEOUT_SECONDS)
+    updated = WorkerNode.objects.filter(hostname=hostname, last_seen__gte=live_since).update(
+        last_seen=now, pid=os.getpid()
+    )
+    if updated:
+        return False
+    WorkerNode.objects.update_or_create(
+        hostname=hostname,
+        defaults={"last_seen": now, "started_at": now, "pid": os.getpid()},
+    )
+    return True
+
+
+def pinned_pools(hostname: str) -> set[str]:
+    """Pools of the waiting entries pinned to ``hostname`` (read when the worker joins)."""
+    names: set[str] = set()
+    for demand in (
+        QueueEntry.objects.waiting()
+        .filter(pinned_worker=hostname, finished_at__isnull=True)
+        .values_list("demand", flat=True)[:1000]
+    ):
+        names |= set(demand)
+    return names
 
 
 def gone(hostname: str) -> None:

@@ -48,6 +48,12 @@ class Submission:
     parent_id: str = ""
     #: Celery attempt number (``retries``).
     attempt: int = 0
+    #: "Same job" for the concurrency policy (empty: the entry has no job).
+    job: str = ""
+    #: ``allow``, ``forbid``, ``replace`` or ``skip`` (:class:`pools.models.ConcurrencyPolicy`).
+    concurrency_policy: str = "allow"
+    #: Node affinity: the Celery hostname that alone may run the entry (empty: any worker).
+    pinned_worker: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +81,9 @@ class Finished:
     deadline: datetime | None
     options: dict[str, Any]
     reason: str
+    #: Set when a full backlog's overflow policy dropped the entry: that pool's
+    #: ``max_queued`` (its result then fails with :class:`~pools.exceptions.PoolFull`).
+    dropped_at: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -87,8 +87,16 @@ class PoolSnapshot:
     max_queued: int | None
     holders: list[LineItem]
     head: list[LineItem]
-    #: Slots in effect for admission (equal to ``slots`` for now).
+    #: Slots in effect for admission: the old capacity while the pool drains after a
+    #: capacity change (``slots`` is the configured one).
     capacity: int = 0
+    #: A capacity change waits for the entries queued before it to be admitted.
+    draining: bool = False
+    #: What a submit does when the backlog is full / while paused.
+    overflow: str = "reject"
+    paused_policy: str = "queue"
+    #: Removed from settings while it held or queued work: deleted once empty.
+    retiring: bool = False
     #: Unfinished entries per demand state (``waiting``, ``admitted``, ``running``, ...).
     counts: dict[str, int] = field(default_factory=dict)
     #: The latest terminal entries (finished within the hold window), newest first.
@@ -327,8 +335,12 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
         out.append(
             PoolSnapshot(
                 name=p.name,
-                slots=p.slots,
+                slots=explain.configured(p),
                 capacity=explain.capacity(p),
+                draining=p.pending_slots is not None,
+                overflow=p.overflow,
+                paused_policy=p.paused_policy,
+                retiring=p.retiring,
                 held=view.held,
                 waiting=counts[p.pk]["waiting"],
                 counts=counts[p.pk],

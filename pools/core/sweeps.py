@@ -15,7 +15,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from pools import conf
-from pools.core import admission, dispatch
+from pools.core import admission, definitions, dispatch
 from pools.core.locking import locked_pools
 from pools.models import TERMINAL_STATES, Demand, Pool, PoolEvent, QueueEntry
 
@@ -37,10 +37,13 @@ class SweepReport:
     pruned: int
     #: Pools whose ``held`` counter disagreed with their holders and was corrected.
     held_fixed: int = 0
+    #: Retiring pools (removed from settings) deleted now that they are empty.
+    retired: tuple[str, ...] = ()
 
 
 def sweep(now: datetime | None = None) -> SweepReport:
-    """Recover lapsed leases, expire deadlines, run admission everywhere, prune old rows.
+    """Recover lapsed leases, expire deadlines, run admission everywhere, prune old rows,
+    delete retiring pools that are empty.
 
     A lease that will lapse before the next sweep gets a timed wake-up at its lapse
     (``pools.admit``, which reclaims first), so a dead node's slots come back when its
@@ -57,6 +60,7 @@ def sweep(now: datetime | None = None) -> SweepReport:
         admitted=admitted,
         pruned=prune(now),
         held_fixed=held_fixed,
+        retired=tuple(definitions.sweep_retiring()),
     )
     wake_at_next_lapse(now)
     return report
@@ -108,7 +112,13 @@ def check_held() -> int:
 def reclaim(now: datetime) -> int:
     """Put entries whose lease lapsed before ``now`` back in line; returns how many."""
     requeued = 0
-    lapsed = QueueEntry.objects.lapsed(now).values_list("queue_id", "token")[:BATCH]
+    # Oldest lapse first, in a fixed order: each requeue runs a pass that may expire dead
+    # heads, so the order decides what the sweep reports (and the paths must agree).
+    lapsed = (
+        QueueEntry.objects.lapsed(now)
+        .order_by("lease_expires_at", "queue_id")
+        .values_list("queue_id", "token")[:BATCH]
+    )
     for queue_id, token in list(lapsed):
         if admission.requeue(queue_id, token, reason="lease lapsed", lapsed_before=now):
             requeued += 1

@@ -53,7 +53,7 @@ def test_pool_admin__list_shows_capacity_held_waiting_paused(
     row = html[html.index(">wh<") :]
     row = row[: row.index("</tr>")]
     cells = [c.split(">", 1)[1].split("<", 1)[0] for c in row.split('<td class="field-')[1:]]
-    assert cells[:3] == ["1", "1", "2"]  # capacity, held, waiting
+    assert cells[:5] == ["1", "1", "", "1", "2"]  # slots, capacity, draining (icon), held, waiting
     assert 'alt="False"' in row  # not paused
     assert "/admin/pools/pool/occupancy/wh/" in row
 
@@ -79,6 +79,53 @@ def test_pool_admin__pause_and_resume_go_through_the_service(
     response = _action(admin_client, "pool", "resume_pools", [pool.pk])
     assert "Resumed wh." in response.content.decode()
     assert QueueEntry.objects.get(key="w1").state == EntryState.ADMITTED
+
+
+def test_pool_admin__changing_slots_drains_through_the_service(
+    admin_client: Client, line: RecordingBridge
+) -> None:
+    pool = Pool.objects.get(name="wh")
+    url = reverse("admin:pools_pool_change", args=[pool.pk])
+    form = {
+        "slots": "3",
+        "max_queued": "",
+        "description": "",
+        "overflow": "drop_oldest",
+        "paused_policy": "queue",
+    }
+    response = admin_client.post(url, form, follow=True)
+    assert response.status_code == 200
+    pool = Pool.objects.get(name="wh")
+    # Two entries wait: the old capacity stays in effect while they drain.
+    assert (pool.slots, pool.pending_slots, pool.overflow) == (1, 3, "drop_oldest")
+    assert PoolEvent.objects.filter(
+        kind=EventKind.CAPACITY_CHANGED, pool="wh", detail__draining=True
+    ).exists()
+    # The change form shows the configured capacity; saving it again changes nothing.
+    html = admin_client.get(url).content.decode()
+    assert 'name="slots" value="3"' in html
+    admin_client.post(url, form, follow=True)
+    assert Pool.objects.get(name="wh").pending_slots == 3
+    row = admin_client.get(reverse("admin:pools_pool_changelist")).content.decode()
+    assert 'class="field-draining"><img' in row and 'alt="True"' in row
+
+
+def test_pool_admin__add_goes_through_the_service(admin_client: Client) -> None:
+    response = admin_client.post(
+        reverse("admin:pools_pool_add"),
+        {
+            "name": "fresh",
+            "slots": "2",
+            "max_queued": "",
+            "description": "",
+            "overflow": "reject",
+            "paused_policy": "reject",
+        },
+        follow=True,
+    )
+    assert response.status_code == 200
+    pool = Pool.objects.get(name="fresh")
+    assert (pool.slots, pool.paused_policy, pool.defined_in_settings) == (2, "reject", False)
 
 
 def test_entry_admin__filters_by_pool_state_task_origin_and_searches(

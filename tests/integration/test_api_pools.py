@@ -239,8 +239,18 @@ def test_patch_pool__changes_capacity_and_admits(recorder: RecordingBridge) -> N
     submit("p", key="run")
     submit("p", key="next")
     status, body = error(client.patch(url("pools/p/"), {"slots": 2}, format="json"))
-    assert status == 200 and body["slots"] == 2
+    # "next" was queued before the change: it drains at the old capacity (SPEC §6).
+    assert status == 200 and (body["slots"], body["capacity"], body["draining"]) == (2, 1, True)
+    assert QueueEntry.objects.get(key="next").state == EntryState.WAITING
+    run = QueueEntry.objects.get(key="run")
+    assert admission.settle(run.queue_id, run.token, EntryState.SUCCEEDED)
     assert QueueEntry.objects.get(key="next").state == EntryState.ADMITTED
+    status, body = error(client.get(url("pools/p/")))
+    assert (body["slots"], body["capacity"], body["draining"]) == (2, 2, False)
+    status, body = error(client.patch(url("pools/p/"), {"overflow": "drop_oldest"}, format="json"))
+    assert status == 200 and body["overflow"] == "drop_oldest"
+    status, body = error(client.patch(url("pools/p/"), {"overflow": "drop_all"}, format="json"))
+    assert status == 400 and "overflow" in body
     status, body = error(client.patch(url("pools/p/"), {"slots": -1}, format="json"))
     assert status == 400 and "slots" in body
     status, body = error(client.patch(url("pools/p/"), {"name": "q"}, format="json"))

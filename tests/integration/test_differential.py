@@ -5,7 +5,9 @@ priorities, multi-pool demands, ``not_before`` ahead and already due, deadlines 
 Celery ``expires``, unknown pools, demands above capacity, full backlogs; starts with
 fresh and stale tokens and long worker names, renewals, settles with every outcome and
 with lapsed leases, cancels with and without ``terminate``, requeues, lapsed leases
-found by the sweep, expiries, admission passes, and a clock that moves) once through the
+found by the sweep, expiries, admission passes, a clock that moves, and the pool policies:
+capacity changes that drain, pause and resume, overflow and paused policies, ``forbid``
+entries of a job and entries pinned to a worker that is or is not live) once through the
 PostgreSQL stored functions (``SQL_FAST_PATH=True``) and once through the ORM path, on
 the same test database emptied in between. The clock is fake (``timezone.now``), so both
 runs see the same times.
@@ -37,7 +39,7 @@ from django.db import connection
 from pytest_django import Settings
 
 from pools import signals
-from pools.core import admission, dispatch, leases, records, sweeps
+from pools.core import admission, definitions, dispatch, leases, nodes, records, sweeps
 from pools.core.records import Submission
 from pools.exceptions import PoolError
 from pools.models import Demand, EventKind, Pool, PoolEvent, QueueEntry
@@ -131,6 +133,9 @@ def snapshot() -> dict[str, Any]:
                 "args": e.args,
                 "kwargs": e.kwargs,
                 "options": e.options,
+                "job": e.job,
+                "concurrency_policy": e.concurrency_policy,
+                "pinned_worker": e.pinned_worker,
             }
         )
         for e in QueueEntry.objects.all()
@@ -139,7 +144,18 @@ def snapshot() -> dict[str, Any]:
         (d.entry.key, d.pool.name, d.slots, d.state, d.priority, offset(d.enqueued_at))
         for d in Demand.objects.select_related("entry", "pool")
     )
-    pools = {p.name: offset(p.next_due_at) for p in Pool.objects.all()}
+    pools = {
+        p.name: (
+            offset(p.next_due_at),
+            p.slots,
+            p.pending_slots,
+            p.paused,
+            p.overflow,
+            p.paused_policy,
+            p.held,
+        )
+        for p in Pool.objects.all()
+    }
     return {"entries": entries, "demands": demands, "pools": pools, "events": event_log()}
 
 
@@ -237,11 +253,16 @@ class Run:
             [
                 "submit", "start", "start_stale", "renew", "settle", "settle_stale",
                 "cancel", "terminate", "requeue", "advance", "sweep", "expire", "admit",
+                "pool", "node",
             ],
-            [30, 12, 2, 4, 12, 3, 6, 3, 3, 8, 4, 2, 3],
+            [30, 12, 2, 4, 12, 3, 6, 3, 3, 8, 4, 2, 3, 4, 1],
         )[0]  # fmt: skip
         if kind == "submit":
             return self.submit()
+        if kind == "pool":
+            return self.pool_change()
+        if kind == "node":
+            return "heartbeat w2@host", lambda: nodes.beat("w2@host")
         if kind in {"start", "start_stale"}:
             target = self.pick("admitted", "running" if kind == "start_stale" else "admitted")
             if target is None:
@@ -295,6 +316,27 @@ class Run:
         pool = rng.choice([*POOLS, UNKNOWN])
         return f"admit {pool}", lambda: admission.admit([pool])
 
+    def pool_change(self) -> tuple[str, Callable[[], Any]]:
+        """A pool policy change through the service functions (returns nothing to compare)."""
+        rng = self.rng
+        name = rng.choice(list(POOLS))
+        what = rng.choice(["slots", "slots", "pause", "resume", "overflow", "paused_policy"])
+        if what == "pause" or what == "resume":
+            paused = what == "pause"
+            return f"{what} {name}", lambda: definitions.set_paused(name, paused)
+        value: Any
+        if what == "slots":
+            value = rng.choice([1, 2, 3, 4])
+        elif what == "overflow":
+            value = rng.choice(["reject", "drop_oldest", "drop_newest"])
+        else:
+            value = rng.choice(["queue", "reject"])
+
+        def change() -> None:
+            definitions.update_pool(name, **{what: value})
+
+        return f"{name}.{what}={value}", change
+
     def advance(self) -> tuple[str, Callable[[], Any]]:
         seconds = self.rng.choice([0.5, 1, 3, 10, 31, 45])
 
@@ -324,6 +366,8 @@ class Run:
         )
         timeout = rng.choice([None, None, 5.0, 40.0])
         expires = now + timedelta(seconds=15) if rng.random() < 0.1 else None
+        job = rng.choice(["j1", "j1", "j2"]) if rng.random() < 0.3 else ""
+        pinned = rng.choice(["w2@host", "w9@gone"]) if rng.random() < 0.08 else ""
         options = {"expires": expires.isoformat()} if expires else {}
         spec = PoolSpec.build(demand, priority=rng.randint(0, 3), queue_timeout=timeout)
         sub = Submission(
@@ -336,10 +380,13 @@ class Run:
             not_before=not_before,
             expires=expires,
             attempt=rng.choice([0, 0, 1]),
+            job=job,
+            concurrency_policy="forbid" if job else "allow",
+            pinned_worker=pinned,
         )
         label = (
             f"submit {key} {demand} prio={spec.priority} nb={offset(not_before)} "
-            f"timeout={timeout} expires={offset(expires)}"
+            f"timeout={timeout} expires={offset(expires)} job={job} pinned={pinned}"
         )
         return label, lambda: admission.enqueue(sub)
 
@@ -358,7 +405,8 @@ def run_path(seed: int, fast: bool, settings: Any, rec: Any, listener: Listener)
     """Empty the pools tables, then apply the seeded sequence on one path."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE pools_demand, pools_poolevent, pools_queueentry, pools_pool "
+            "TRUNCATE pools_demand, pools_poolevent, pools_queueentry, pools_pool, "
+            "pools_workernode "
             "RESTART IDENTITY CASCADE"
         )
     settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": fast}

@@ -20,6 +20,7 @@ from pools.exceptions import (
     PoolError,
     PoolFull,
     PoolInUse,
+    PoolPaused,
     PoolUnavailable,
     UnknownPool,
 )
@@ -37,7 +38,8 @@ CASES = [
     (UnknownPool("p"), 404, "unknown_pool"),
     (JobNotFound("j"), 404, "job_not_found"),
     (PoolFull("p", 3), 409, "pool_full"),
-    (PoolDraining("Pool 'p' is draining."), 409, "pool_draining"),
+    (PoolDraining("p", 2, 5), 409, "pool_draining"),
+    (PoolPaused("p"), 409, "pool_paused"),
     (NotCancellable("Entry 'k' is already running."), 409, "not_cancellable"),
     (DemandExceedsCapacity("p", 3, 2), 409, "demand_exceeds_capacity"),
     (PoolInUse("p", 2), 409, "pool_in_use"),

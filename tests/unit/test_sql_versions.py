@@ -24,6 +24,7 @@ PINNED = {
     "admission_v2.sql": "d9f94e58508d763f2d1d995e4b4716332f7fbef6381a2e8e4661ea3ca90e5f3b",
     "admission_v3.sql": "eaf24b6e10beb08cd00132d6345209985967b1dd65ae7debf50127926a5d03e5",
     "admission_v4.sql": "8852b6cf704cf4dea38c5fbf8d1b2c5bad24d9ee3db954b0c2268dc40185608c",
+    "admission_v5.sql": "01838546b02fde592f3e91e8cb68fbbd8079ebd3bd4a0aa23b9cc09958e87c11",
 }
 
 

@@ -1,4 +1,4 @@
-"""``manage.py pools``: list, inspect, sync, cancel."""
+"""``manage.py pools``: list, inspect, sync, drain, pause, resume, cancel, sweep, bench."""
 
 from __future__ import annotations
 
@@ -21,14 +21,22 @@ def bar(held: int, slots: int, width: int = 20) -> str:
 def summary_line(s: PoolSnapshot) -> str:
     """One line per pool: occupancy bar, held/slots, free, waiting."""
     flag = " (paused)" if s.paused else ""
+    if s.draining:
+        flag += f" (draining to {s.slots})"
+    if s.retiring:
+        flag += " (retiring)"
+    cap = s.capacity or s.slots
     return (
-        f"{s.name:<20} {bar(s.held, s.slots)} {s.held}/{s.slots} held, {s.free} free, "
+        f"{s.name:<20} {bar(s.held, cap)} {s.held}/{cap} held, {s.free} free, "
         f"{s.waiting} waiting{flag}"
     )
 
 
 class Command(BaseCommand):
-    help = "Inspect and manage resource pools: list, inspect NAME, sync, sweep, cancel KEY, bench."
+    help = (
+        "Inspect and manage resource pools: list, inspect NAME, sync, drain NAME, pause NAME, "
+        "resume NAME, sweep, cancel KEY, bench."
+    )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -37,6 +45,12 @@ class Command(BaseCommand):
         inspect.add_argument("name")
         inspect.add_argument("--head", type=int, default=10, help="Waiting entries to show.")
         sub.add_parser("sync", help="Create/update pools from POOLS['DEFINITIONS'].")
+        drain = sub.add_parser("drain", help="Progress of a pool's capacity change.")
+        drain.add_argument("name")
+        pause = sub.add_parser("pause", help="Pause a pool: it admits nothing, entries wait.")
+        pause.add_argument("name")
+        resume = sub.add_parser("resume", help="Resume a paused pool.")
+        resume.add_argument("name")
         cancel = sub.add_parser("cancel", help="Cancel a waiting entry by key (task id).")
         cancel.add_argument("key")
         sub.add_parser("sweep", help="Run one sweep pass (lapsed leases, deadlines, admission).")
@@ -105,6 +119,39 @@ class Command(BaseCommand):
             f"created: {', '.join(report.created) or '-'}; updated: "
             f"{', '.join(report.updated) or '-'}; unchanged: {', '.join(report.unchanged) or '-'}"
         )
+        for name in report.draining:
+            self.stdout.write(
+                f"draining: {name} keeps its old capacity until the entries queued before the "
+                f"change are admitted ('manage.py pools drain {name}')"
+            )
+        if report.deleted:
+            self.stdout.write(f"deleted (removed from settings): {', '.join(report.deleted)}")
+        for name, active in report.retiring.items():
+            self.stdout.write(
+                f"retiring: {name} was removed from settings but has {active} unfinished "
+                f"entr{'y' if active == 1 else 'ies'}; it is deleted once they finish"
+            )
+
+    def do_drain(self, name: str, **options: Any) -> None:
+        d = definitions.drain_progress(name)
+        if not d.draining:
+            self.stdout.write(
+                f"{name}: not draining; capacity {d.capacity}, {d.held} held, {d.left} waiting"
+            )
+            return
+        self.stdout.write(
+            f"{name}: draining from {d.capacity} to {d.slots} slot(s): {d.left} "
+            f"entr{'y' if d.left == 1 else 'ies'} queued before the change left, {d.held} "
+            f"slot(s) held; new submits are refused until the line is empty"
+        )
+
+    def do_pause(self, name: str, **options: Any) -> None:
+        changed = definitions.set_paused(name, True)
+        self.stdout.write(f"paused {name}" if changed else f"{name} was already paused")
+
+    def do_resume(self, name: str, **options: Any) -> None:
+        changed = definitions.set_paused(name, False)
+        self.stdout.write(f"resumed {name}" if changed else f"{name} was not paused")
 
     def do_sweep(self, **options: Any) -> None:
         r = sweeps.sweep()
