@@ -38,7 +38,14 @@ def record(
     detail: dict[str, Any] | None = None,
 ) -> None:
     """Append one event per (entry, pool) pair and send the matching signal on commit."""
-    rows = [
+    save_rows(kind, _per_pool(kind, entries, at, detail))
+
+
+def _per_pool(
+    kind: str, entries: Iterable[QueueEntry], at: datetime, detail: dict[str, Any] | None
+) -> list[PoolEvent]:
+    """One (unsaved) event per (entry, pool) pair."""
+    return [
         PoolEvent(
             at=at,
             kind=kind,
@@ -51,7 +58,6 @@ def record(
         for entry in entries
         for pool, slots in entry.demand.items()
     ]
-    save_rows(kind, rows)
 
 
 def transition(
@@ -68,21 +74,7 @@ def transition(
     signal = signals.BY_KIND.get(kind)
     if signal is None or not signal.has_listeners(PoolEvent):
         return
-    announce(
-        [
-            PoolEvent(
-                at=at,
-                kind=kind,
-                pool=pool,
-                entry_id=entry.queue_id,
-                key=entry.key,
-                token=entry.token,
-                detail={"slots": slots, **(detail or {})},
-            )
-            for entry in entries
-            for pool, slots in entry.demand.items()
-        ]
-    )
+    announce(_per_pool(kind, entries, at, detail))
 
 
 _ENDS_WAITING = frozenset(
