@@ -177,6 +177,16 @@ class _Sweeper(threading.Thread):
             connection.close()
 
 
+def _final_state(ctx: Context, task_id: str, timeout: float = 10.0) -> str:
+    """The task's state once final: the worker stores a killed child's WorkerLostError
+    failure a moment after the next task may already have started."""
+    result = ctx.app.AsyncResult(task_id)
+    deadline = time.monotonic() + timeout
+    while not result.ready() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return str(result.state)
+
+
 def kill_test(ctx: Context, redis_url: str) -> dict[str, Any]:
     """SIGKILL a holder of a 1-slot pool / semaphore; seconds until a body starts there again.
 
@@ -246,8 +256,8 @@ def kill_test(ctx: Context, redis_url: str) -> dict[str, Any]:
         first = min([by_id[nxt]["s"], *([restarted.timestamp()] if restarted else [])])
         pooled_back.append(first - killed_at)
     recipe_back = [by_id[nxt]["s"] - killed_at for nxt in recipe_next]
-    recipe_lost = sum(ctx.app.AsyncResult(t).state == "FAILURE" for t in recipe_holders)
-    pooled_rerun = sum(ctx.app.AsyncResult(t).state == "SUCCESS" for t in pooled_holders)
+    recipe_lost = sum(_final_state(ctx, t) == "FAILURE" for t in recipe_holders)
+    pooled_rerun = sum(_final_state(ctx, t) == "SUCCESS" for t in pooled_holders)
     recipe_retries = sum(int(by_id[t].get("r", 0)) for t in recipe_next)
     backlog.pause(pools)
     return {
