@@ -34,6 +34,9 @@ class JobStarted:
     pool: str | None = None
     #: Every pool the task asks for, by name.
     pools: list[str] = field(default_factory=list)
+    #: True when nothing new was queued: an unfinished entry of the job (``skip``) or with
+    #: the same idempotency key exists, and ``key`` / ``queue_id`` are that entry's.
+    existing: bool = False
 
 
 def _json_field(raw: str | None, default: Any, name: str, what: str) -> Any:
@@ -77,13 +80,19 @@ def start_job(name: str, *, origin: Origin = Origin.MANUAL) -> JobStarted:
     spec = gate.spec_for(current_app, job.task)
     pooled = spec is not None
     try:
-        current_app.send_task(job.task, args, kwargs, task_id=key, **options)
+        result = current_app.send_task(job.task, args, kwargs, task_id=key, **options)
     except PoolError as exc:  # refused or unreachable: nothing was queued
         if spec is not None:
             refusals.warn_dropped(job.name, refusals.pool_of(exc, spec.pools), exc)
         raise
     if not pooled:
         return JobStarted(queued=False, key=key)
+    existing = result.id != key
+    if existing:
+        key = result.id
+        refusals.warn_skipped(
+            job.name, ", ".join(spec.pools if spec else []), f"skipped: {job.name} is unfinished"
+        )
     entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").only("demand").first()
     names = sorted(entry.demand) if entry is not None else []
     return JobStarted(
@@ -92,4 +101,5 @@ def start_job(name: str, *, origin: Origin = Origin.MANUAL) -> JobStarted:
         queue_id=entry.queue_id if entry is not None else None,
         pool=names[0] if names else None,
         pools=names,
+        existing=existing,
     )
