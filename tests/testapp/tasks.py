@@ -131,3 +131,30 @@ def reject_once(self: Task) -> str:
     if not (self.request.delivery_info or {}).get("redelivered"):
         raise Reject("try again", requeue=True)
     return "second time"
+
+
+def _order_key(order_id: int, *args: Any, **kwargs: Any) -> str:
+    return f"order-{order_id}"
+
+
+@shared_task
+@pooled("warehouse", idempotency_key=_order_key)
+def ship_order(order_id: int, sleep: float = 0.0) -> int:
+    """Idempotent per order: a second submit for an unfinished order returns the first."""
+    time.sleep(sleep)
+    return order_id
+
+
+@shared_task
+@pooled("warehouse", concurrency_policy="skip")
+def skip_job(sleep: float = 0.0) -> float:
+    """A job that is not queued again while one instance waits or runs."""
+    time.sleep(sleep)
+    return time.time()
+
+
+@shared_task
+@pooled("warehouse", concurrency_policy="replace", job_key=lambda tenant, **kw: tenant)
+def replace_job(tenant: str) -> str:
+    """Per tenant: a new entry supersedes the tenant's older waiting entries."""
+    return tenant
