@@ -588,11 +588,13 @@ def end_waiting_of_job(
     retries_only: bool = False,
     origins: Sequence[str] = (),
     exclude: int | None = None,
+    ids: Sequence[int] | None = None,
 ) -> int:
     """End the waiting entries of ``job`` (``superseded`` or ``cancelled``) with ``reason``.
 
     Used when a job's retries are superseded (a success, a cancellation) and when its
-    periodic task changes (``origins``: only entries from beat fires and manual starts).
+    periodic task changes (``origins``: only entries from beat fires and manual starts;
+    ``ids``: only these entries).
     Each group of pools is locked in turn; their results become revocations after commit.
     Returns how many entries ended.
     """
@@ -603,6 +605,8 @@ def end_waiting_of_job(
         rows = rows.filter(origin__in=list(origins))
     if exclude is not None:
         rows = rows.exclude(pk=exclude)
+    if ids is not None:
+        rows = rows.filter(pk__in=list(ids))
     with unavailable_on_error(f"ending waiting entries of job {job}"):
         found = list(rows.values_list("queue_id", "demand")[:JOB_BATCH])
     groups: dict[tuple[str, ...], list[int]] = {}
