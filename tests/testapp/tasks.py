@@ -158,3 +158,12 @@ def skip_job(sleep: float = 0.0) -> float:
 def replace_job(tenant: str) -> str:
     """Per tenant: a new entry supersedes the tenant's older waiting entries."""
     return tenant
+
+
+@shared_task(bind=True)
+@pooled("warehouse", job_key=lambda mode, **kw: "retrying")
+def retrying_job(self: Task, mode: str) -> str:
+    """``retry``: schedules its retry a minute ahead (it waits, delayed); ``ok``: succeeds."""
+    if mode == "retry" and not self.request.retries:
+        raise self.retry(countdown=60, max_retries=1)
+    return mode
