@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from celery.exceptions import TaskRevokedError
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
-
-import pytest
 
 from pools.models import EntryState, Pool, QueueEntry
 from tests.acceptance import faults_support

@@ -14,7 +14,13 @@ from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
 from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool
-from tests.testapp.tasks import add, replace_job, ship_order, skip_job
+from tests.testapp import tasks
+
+# celery-types' apply_async takes no **options (pool_options, retries, headers...).
+add: Any = tasks.add
+replace_job: Any = tasks.replace_job
+ship_order: Any = tasks.ship_order
+skip_job: Any = tasks.skip_job
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 

@@ -117,7 +117,7 @@ def test_sweep__catches_changes_made_by_raw_sql(waiting: tuple[PeriodicTask, str
     current = fire()
     table = PeriodicTask._meta.db_table
     with connection.cursor() as cursor:  # behind the signals' back
-        cursor.execute(f"UPDATE {table} SET args = %s WHERE id = %s", ['[7, 8]', task.pk])
+        cursor.execute(f"UPDATE {table} SET args = %s WHERE id = %s", ["[7, 8]", task.pk])
     new_args = fire(args=(7, 8))
     assert beat.cancel_stale_fires() == 2
     assert state(fired) == state(current) == (CANCELLED, "periodic task changed: args")
