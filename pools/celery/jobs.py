@@ -87,14 +87,13 @@ def start_job(name: str, *, origin: Origin = Origin.MANUAL) -> JobStarted:
         raise
     if not pooled:
         return JobStarted(queued=False, key=key)
-    existing = result.id != key
-    if existing:
-        key = result.id
-        refusals.warn_skipped(
-            job.name, ", ".join(spec.pools if spec else []), f"skipped: {job.name} is unfinished"
-        )
-    entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").only("demand").first()
+    existing = result.id != key  # skip / idempotency key: the unfinished entry's id
+    key = result.id
+    entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").only("demand", "state").first()
     names = sorted(entry.demand) if entry is not None else []
+    if existing:
+        state = "waiting" if entry is not None and entry.state == "waiting" else "running"
+        refusals.warn_skipped(job.name, ", ".join(names), f"skipped: {job.name} is already {state}")
     return JobStarted(
         queued=True,
         key=key,

@@ -127,3 +127,24 @@ def test_sweep__catches_changes_made_by_raw_sql(waiting: tuple[PeriodicTask, str
     assert beat.cancel_stale_fires() == 1
     assert state(new_args) == (CANCELLED, "periodic task deleted")
     assert beat.cancel_stale_fires() == 0
+
+
+def test_manual_start_of_a_skip_job__returns_the_unfinished_entry_with_the_warning(
+    paths: RecordingBridge, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from pools.celery import jobs
+    from tests.testapp.tasks import skip_job
+
+    make_pool("warehouse", 1)
+    add.delay(0, 0)
+    periodic("skipper", task=skip_job.name, args="[]")
+    first = jobs.start_job("skipper")
+    with caplog.at_level(logging.WARNING, logger="pools"):
+        again = jobs.start_job("skipper")
+    assert (again.key, again.queue_id, again.existing) == (first.key, first.queue_id, True)
+    assert not first.existing
+    assert [r.getMessage() for r in caplog.records if r.name == "pools"] == [
+        "Job skipper could not enter pool warehouse: skipped: skipper is already waiting"
+    ]
