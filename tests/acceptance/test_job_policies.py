@@ -19,7 +19,7 @@ from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import wait_for
 from tests.factories import make_pool
-from tests.testapp.tasks import retrying_job, skip_job
+from tests.testapp.tasks import flaky_order, retrying_job, skip_job
 
 pytestmark = WORKER_TEST_MARKS
 
@@ -93,3 +93,21 @@ def test_success_of_the_job_supersedes_its_queued_retries(short_leases, celery_w
     assert entry.reason.startswith(f"job {retrying_job.name}:retrying succeeded (")
     with pytest.raises(TaskRevokedError):
         first.get(timeout=TIMEOUT)
+
+
+def test_idempotent_task_that_retries__the_retry_keeps_the_key(short_leases, celery_workers):
+    """Task.retry sends the next attempt while the first still runs, with the same key: the
+    key moves to the retry, which runs; a submit meanwhile gets the same task id."""
+    celery_workers(count=1, concurrency=1)
+    make_pool("warehouse", 1)
+    first = flaky_order.delay(5)
+    wait_for(
+        lambda: QueueEntry.objects.filter(key=first.id, attempt=1).exists(),
+        TIMEOUT,
+        "the retry queued",
+    )
+    assert flaky_order.delay(5).id == first.id
+    assert first.get(timeout=TIMEOUT) == 5
+    assert list(
+        QueueEntry.objects.filter(key=first.id).order_by("attempt").values_list("state", "attempt")
+    ) == [(EntryState.RETRIED, 0), (EntryState.SUCCEEDED, 1)]

@@ -167,3 +167,12 @@ def retrying_job(self: Task, mode: str) -> str:
     if mode == "retry" and not self.request.retries:
         raise self.retry(countdown=60, max_retries=1)
     return mode
+
+
+@shared_task(bind=True)
+@pooled("warehouse", idempotency_key=lambda order_id, **kw: f"flaky-order-{order_id}")
+def flaky_order(self: Task, order_id: int) -> int:
+    """Idempotent per order; its first attempt retries (the retry keeps the key)."""
+    if not self.request.retries:
+        raise self.retry(countdown=3, max_retries=1)
+    return order_id
