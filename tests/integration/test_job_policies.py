@@ -206,3 +206,23 @@ def test_retry_inherits_the_job_of_its_attempt(paths: RecordingBridge) -> None:
     first = add.apply_async((1, 1), pool_options={"job_key": "k", "concurrency_policy": "forbid"})
     add.apply_async((1, 1), task_id=first.id, retries=1)
     assert [(e.job, e.concurrency_policy) for e in entries()] == [(f"{add.name}:k", "forbid")] * 2
+
+
+def test_idempotency_key__a_lost_race_is_caught_from_the_unique_index(
+    paths: RecordingBridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look-up before the insert misses a concurrent winner (simulated): the database's
+    unique index refuses the insert, and the submit returns the winner's entry."""
+    make_pool("warehouse", 1)
+    first = ship_order.delay(42)
+    real = admission.holder_of
+    calls: list[str] = []
+
+    def missed_once(key: str, **kw: Any) -> Any:
+        calls.append(key)
+        return None if len(calls) == 1 else real(key, **kw)
+
+    monkeypatch.setattr(admission, "holder_of", missed_once)
+    assert ship_order.delay(42).id == first.id
+    assert calls == ["order-42", "order-42"]  # before the insert, then after its refusal
+    assert QueueEntry.objects.count() == 1
