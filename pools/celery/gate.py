@@ -49,7 +49,7 @@ class JobFields:
 
 
 def job_fields(name: str, args: Any, kwargs: Any, spec: PoolSpec, headers: Any) -> JobFields:
-    """ "Same job" and the keys of one call.
+    """The job (what "same job" means for policies) and the keys of one call.
 
     The job is the periodic task's name for beat fires and manual starts, else the task
     name plus its job key; it is recorded when there is a key or a policy other than
@@ -206,11 +206,12 @@ def _gated_send_task(
             )
         return _original_send_task(self, name, args, kwargs, **options)
     spec = spec.with_call_options(call_options)
-    fields = job_fields(name, args, kwargs, spec, options.get("headers"))
     beat_fire = refusals.is_beat_fire(options.get("headers"), origin)
     if beat_fire and not options.get("task_id"):
         options["task_id"] = uuid()  # what send_task would pick: the id of a dropped fire
     try:
+        # In the try: a failing job_key / idempotency_key callable drops a beat fire too.
+        fields = job_fields(name, args, kwargs, spec, options.get("headers"))
         return _submit(self, name, args, kwargs, spec, options, origin, fields)
     except ExistingEntry as existing:
         # Nothing was queued: the caller gets the unfinished entry's result.

@@ -226,3 +226,16 @@ def test_idempotency_key__a_lost_race_is_caught_from_the_unique_index(
     assert ship_order.delay(42).id == first.id
     assert calls == ["order-42", "order-42"]  # before the insert, then after its refusal
     assert QueueEntry.objects.count() == 1
+
+
+def test_failing_key_callable_on_a_beat_fire__dropped_with_the_warning(
+    paths: RecordingBridge, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Beat must never see an exception: the fire is dropped with the one warning."""
+    make_pool("warehouse", 1)
+    with caplog.at_level(logging.WARNING, logger="pools"):
+        # What beat sends (by name, no argument check): the callable gets no order_id.
+        ship_order.app.send_task(ship_order.name, [], {}, headers={"periodic_task_name": "ship"})
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "pools"]
+    assert line.startswith("Job ship could not enter pool warehouse: The idempotency_key callable")
+    assert entries() == []
