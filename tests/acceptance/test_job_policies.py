@@ -108,6 +108,12 @@ def test_idempotent_task_that_retries__the_retry_keeps_the_key(short_leases, cel
     )
     assert flaky_order.delay(5).id == first.id
     assert first.get(timeout=TIMEOUT) == 5
+    # The result is stored before the worker settles the claim (task_postrun).
+    wait_for(
+        lambda: QueueEntry.objects.filter(key=first.id, state=EntryState.SUCCEEDED).exists(),
+        TIMEOUT,
+        "the retry settled",
+    )
     assert list(
         QueueEntry.objects.filter(key=first.id).order_by("attempt").values_list("state", "attempt")
     ) == [(EntryState.RETRIED, 0), (EntryState.SUCCEEDED, 1)]
