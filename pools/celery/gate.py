@@ -11,6 +11,7 @@ and a ``pools_claim`` header (``"<entry id>:<fencing token>"``).
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -27,9 +28,9 @@ from pools import conf
 from pools.celery import messages, refusals, results
 from pools.celery.decorators import gate_task, spec_of
 from pools.celery.messages import ADMITTED_OPTION, CALL_OPTION, CLAIM_HEADER, ORIGIN_OPTION
-from pools.core import admission
+from pools.core import admission, definitions
 from pools.core.records import Admission, Finished, Submission
-from pools.exceptions import PoolConfigurationError, PoolUnavailable
+from pools.exceptions import PoolConfigurationError, PoolUnavailable, UnknownPool
 from pools.models import Origin
 from pools.specs import PoolSpec
 
@@ -146,6 +147,9 @@ def _gated_send_task(
     if beat_fire and not options.get("task_id"):
         options["task_id"] = uuid()  # what send_task would pick: the id of a dropped fire
     try:
+        if spec.patterns:
+            values = call_arguments(self, name, options.get("task_type"), args, kwargs)
+            spec = spec.resolve(values, task=name)
         return _submit(self, name, args, kwargs, spec, options, origin)
     except Exception as exc:
         refused = refusals.as_pool_error(exc, name)
@@ -158,6 +162,35 @@ def _gated_send_task(
         if refused is exc:
             raise
         raise refused from exc
+
+
+def call_arguments(
+    app: Celery, name: str, task_type: Any, args: Any, kwargs: Any
+) -> dict[str, Any]:
+    """A call's arguments by parameter name, to format per-key pool names from.
+
+    Positional arguments are bound to the task's parameter names (defaults included);
+    keyword arguments count as given. Without the task (``send_task`` by name from a
+    process that does not import it) only keyword arguments are known.
+    """
+    values: dict[str, Any] = dict(kwargs or {})
+    task = task_type if task_type is not None else app._tasks.get(name)  # type: ignore[attr-defined]
+    run = getattr(task, "run", None)
+    if run is None:
+        return values
+    try:
+        signature = inspect.signature(run)
+        bound = signature.bind_partial(*(args or ()), **(kwargs or {}))
+    except (TypeError, ValueError):  # no signature, or a call that does not fit it
+        return values
+    bound.apply_defaults()
+    for param_name, value in bound.arguments.items():
+        kind = signature.parameters[param_name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            values.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            values[param_name] = value
+    return values
 
 
 def _submit(
@@ -208,11 +241,26 @@ def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: Origin 
     stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
     if expires is not None:
         stored["expires"] = expires.isoformat()
+    submission = _submission(message, spec, origin, args, kwargs, stored, expires)
     try:
-        admission.enqueue(_submission(message, spec, origin, args, kwargs, stored, expires))
+        _ensure_pools(spec)
+        try:
+            admission.enqueue(submission)
+        except UnknownPool as exc:
+            if exc.pool not in spec.templates:
+                raise
+            # The sweep retired this idle per-key pool between our check and our enqueue.
+            _ensure_pools(spec)
+            admission.enqueue(submission)
     except PoolUnavailable:
         _drop_broken_connection()
         raise
+
+
+def _ensure_pools(spec: PoolSpec) -> None:
+    """Create the per-key pools of a resolved spec on first use (from their templates)."""
+    for pool, pattern in spec.templates.items():
+        definitions.ensure_pool(pool, pattern)
 
 
 def _submission(

@@ -17,6 +17,7 @@ def sweep() -> dict[str, int]:
         "expired": report.expired,
         "admitted": report.admitted,
         "pruned": report.pruned,
+        "retired": report.retired,
     }
 
 

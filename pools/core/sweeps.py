@@ -15,7 +15,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from pools import conf
-from pools.core import admission, dispatch
+from pools.core import admission, definitions, dispatch
 from pools.core.locking import locked_pools
 from pools.models import TERMINAL_STATES, Demand, Pool, PoolEvent, QueueEntry
 
@@ -37,10 +37,13 @@ class SweepReport:
     pruned: int
     #: Pools whose ``held`` counter disagreed with their holders and was corrected.
     held_fixed: int = 0
+    #: Idle per-key pools deleted (``POOLS['TEMPLATE_IDLE_SECONDS']``).
+    retired: int = 0
 
 
 def sweep(now: datetime | None = None) -> SweepReport:
-    """Recover lapsed leases, expire deadlines, run admission everywhere, prune old rows.
+    """Recover lapsed leases, expire deadlines, run admission everywhere, prune old rows,
+    delete idle per-key pools.
 
     A lease that will lapse before the next sweep gets a timed wake-up at its lapse
     (``pools.admit``, which reclaims first), so a dead node's slots come back when its
@@ -57,6 +60,7 @@ def sweep(now: datetime | None = None) -> SweepReport:
         admitted=admitted,
         pruned=prune(now),
         held_fixed=held_fixed,
+        retired=len(definitions.retire_idle(now)),
     )
     wake_at_next_lapse(now)
     return report
