@@ -131,3 +131,17 @@ def reject_once(self: Task) -> str:
     if not (self.request.delivery_info or {}).get("redelivered"):
         raise Reject("try again", requeue=True)
     return "second time"
+
+
+@shared_task
+@pooled("tenant:{tenant_id}", slots=1)
+def tenant_job(tenant_id: str, n: int = 0) -> int:
+    """A per-key pooled task: one pool per tenant (``POOLS['TEMPLATES']`` in the test)."""
+    return n
+
+
+@shared_task
+@pooled({"global-api": 1, "tenant:{tenant_id}": 1})
+def tenant_call(tenant_id: str, n: int = 0) -> int:
+    """A global pool plus a per-tenant pool, acquired together."""
+    return n
