@@ -163,7 +163,7 @@ def test_submit_after_retirement_between_check_and_enqueue__recreates_the_pool(
     tenant_job.delay("race")
     _finish_all()
     real_ensure = definitions.ensure_pool
-    calls = []
+    calls: list[str] = []
 
     def ensure_then_retire(name: str, pattern: str) -> Pool:
         pool = real_ensure(name, pattern)
