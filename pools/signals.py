@@ -25,8 +25,14 @@ entry_cancelled = Signal()
 entry_rejected = Signal()
 #: A delivery was skipped (no claim, stale fencing token).
 delivery_skipped = Signal()
-#: A pool's capacity or pause state changed.
+#: A pool's configuration changed: capacity (``detail``: ``from``, ``to``), pause state
+#: (``paused``) or another field (``field``, ``from``, ``to``). ``event.actor`` names the
+#: user when the change came from the admin or the REST API.
 pool_changed = Signal()
+#: A pool was created (admin, API, or a per-key pool on first use; ``detail``: its fields).
+pool_created = Signal()
+#: A pool was deleted (admin, API, or an idle per-key pool retired by the sweep).
+pool_deleted = Signal()
 
 BY_KIND: dict[str, Signal] = {
     "enqueued": entry_enqueued,
@@ -39,4 +45,6 @@ BY_KIND: dict[str, Signal] = {
     "rejected": entry_rejected,
     "skipped": delivery_skipped,
     "capacity": pool_changed,
+    "pool_created": pool_created,
+    "pool_deleted": pool_deleted,
 }

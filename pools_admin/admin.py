@@ -26,6 +26,12 @@ from pools.querysets import held_slots_expr, waiting_count_expr
 from pools_admin import views, why
 
 
+def actor_of(request: HttpRequest) -> str:
+    """The username logged as the actor of a change made in the admin."""
+    user = getattr(request, "user", None)
+    return str(user.get_username()) if user is not None and user.is_authenticated else ""
+
+
 def _mount(model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponse]) -> Any:
     """``view(request, model_admin, ...)`` as an admin view of ``model_admin``'s site."""
 
@@ -84,17 +90,42 @@ class PoolAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Pool, form: Any, change: bool) -> None:
         before = (
-            Pool.objects.filter(pk=obj.pk).values("slots", "paused").first() if change else None
+            Pool.objects.filter(pk=obj.pk)
+            .values("slots", "paused", "max_queued", "description")
+            .first()
+            if change
+            else None
         )
         super().save_model(request, obj, form, change)
         definitions.pool_saved(
             obj,
             old_slots=before["slots"] if before else None,
             old_paused=before["paused"] if before else None,
+            actor=actor_of(request),
+            old={k: before[k] for k in ("max_queued", "description")} if before else None,
+            created=not change,
         )
 
+    def delete_model(self, request: HttpRequest, obj: Pool) -> None:
+        # Through the service: refused while entries wait or hold slots, and logged.
+        try:
+            definitions.delete_pool(obj.name, actor=actor_of(request))
+        except PoolError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        # The service deletes a pool with its finished history (demand rows that PROTECT
+        # it) and refuses one with unfinished entries: confirm the pools themselves only.
+        pools = list(objs)
+        return [str(p) for p in pools], {"resource pools": len(pools)}, set(), []
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        for pool in queryset:
+            self.delete_model(request, pool)
+
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[Pool], paused: bool) -> None:
-        changed = [p.name for p in queryset if definitions.set_paused(p.name, paused)]
+        actor = actor_of(request)
+        changed = [p.name for p in queryset if definitions.set_paused(p.name, paused, actor=actor)]
         verb = "Paused" if paused else "Resumed"
         if changed:
             self.message_user(request, f"{verb} {', '.join(changed)}.", messages.SUCCESS)
@@ -225,6 +256,7 @@ class QueueEntryAdmin(admin.ModelAdmin):
                     entry.key,
                     reason=f"cancelled in the admin by {request.user}",
                     terminate=terminate,
+                    actor=actor_of(request),
                 )
             except PoolRefused as exc:
                 self.message_user(request, str(exc), messages.WARNING)
@@ -274,9 +306,9 @@ class QueueEntryAdmin(admin.ModelAdmin):
 
 @admin.register(PoolEvent)
 class PoolEventAdmin(admin.ModelAdmin):
-    list_display = ("id", "at", "kind", "pool", "entry_id", "token")
+    list_display = ("id", "at", "kind", "pool", "entry_id", "token", "actor")
     list_filter = ("kind", "pool")
-    search_fields = ("key",)
+    search_fields = ("key", "actor")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
