@@ -44,6 +44,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         except PoolConfigurationError as exc:
             errors.append(Error(str(exc), id="pools.E030", hint="Fix POOLS['TEMPLATES']."))
     errors.extend(_check_patterns_have_templates(conf.get()))
+    try:
+        definitions.default_pool()
+    except PoolConfigurationError as exc:
+        errors.append(Error(str(exc), id="pools.E032", hint="Fix POOLS['DEFAULT_POOL']."))
     settings_ = conf.get()
     if settings_.heartbeat_seconds >= settings_.LEASE_SECONDS:
         errors.append(

@@ -52,6 +52,10 @@ class PoolsSettings:
     TEMPLATES: dict[str, dict[str, Any]]
     #: A pool made from a template with no unfinished entry for this long is deleted.
     TEMPLATE_IDLE_SECONDS: float = 3600.0
+    #: Implicit default pool, off when ``None``: ``{"name": "default", "slots": 128,
+    #: "queues": ["celery"]}`` admits every task without ``@pooled`` routed to one of
+    #: ``queues`` through that pool (synced like a pool of ``DEFINITIONS``).
+    DEFAULT_POOL: dict[str, Any] | None = None
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -114,6 +118,12 @@ def _load() -> PoolsSettings:
             raise PoolConfigurationError(
                 f"settings.POOLS[{key!r}] must be True or False, got {raw[key]!r}."
             )
+    default_pool = raw.get("DEFAULT_POOL")
+    if default_pool is not None and not isinstance(default_pool, dict):
+        raise PoolConfigurationError(
+            "settings.POOLS['DEFAULT_POOL'] must be None or a dict such as "
+            f"{{'name': 'default', 'slots': 128, 'queues': ['celery']}}, got {default_pool!r}."
+        )
     values.update({k: v for k, v in raw.items() if k not in _DICT_KEYS})
     return PoolsSettings(**values)
 

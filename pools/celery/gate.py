@@ -69,6 +69,71 @@ def _install_revoke_hook() -> None:
     control.Control.revoke = revoke  # type: ignore[method-assign]
 
 
+#: Tasks gated on this worker only for the implicit default pool: whether a call of one
+#: is pooled depends on the queue it is routed to (:func:`default_spec`), not on the task.
+DEFAULT_GATED: set[str] = set()
+
+#: Task name prefixes never put in the default pool (Celery's own and this app's tasks).
+NEVER_DEFAULT = ("celery.", "pools.")
+
+
+def default_spec(
+    app: Celery, name: str, args: Any, kwargs: Any, options: dict[str, Any]
+) -> PoolSpec | None:
+    """The default pool's spec for a call of a task without ``@pooled``, if it applies.
+
+    It applies when ``POOLS['DEFAULT_POOL']`` is on and Celery's router sends the call to
+    one of its queues (routing as ``send_task`` will do it: ``queue`` option, task routes,
+    the default queue).
+    """
+    default = definitions.default_pool()
+    if default is None or name.startswith(NEVER_DEFAULT):
+        return None
+    return (
+        PoolSpec.build(default.name, 1)
+        if _routed_queue(app, name, args, kwargs, options) in default.queues
+        else None
+    )
+
+
+def _routed_queue(app: Celery, name: str, args: Any, kwargs: Any, options: dict[str, Any]) -> str:
+    routed = app.amqp.router.route(
+        {k: v for k, v in options.items() if k in ("queue", "exchange", "routing_key")},
+        name,
+        args or (),
+        kwargs or {},
+        options.get("task_type"),
+    )
+    queue = routed.get("queue")
+    return str(getattr(queue, "name", queue) or app.conf.task_default_queue)
+
+
+def is_default_queue(queue: str) -> bool:
+    """True if deliveries from ``queue`` must hold a claim of the default pool."""
+    default = definitions.default_pool()
+    return default is not None and queue in default.queues
+
+
+def pool_default_tasks(app: Celery) -> list[str]:
+    """Gate every local task without a spec for the default pool (worker side).
+
+    The body then runs only under a claim when its delivery comes from a default-pool
+    queue (:func:`pools.celery.worker.run_gated` asks :func:`is_default_queue`); from
+    another queue it runs as before.
+    """
+    default = definitions.default_pool()
+    if default is None:
+        return []
+    wrapped = []
+    for name, task in list(app.tasks.items()):
+        if name.startswith(NEVER_DEFAULT) or spec_of(task) is not None:
+            continue
+        gate_task(task, PoolSpec.build(default.name, 1))
+        DEFAULT_GATED.add(name)
+        wrapped.append(name)
+    return wrapped
+
+
 def pool_declared_tasks(app: Celery) -> list[str]:
     """Gate the local tasks named in ``POOLS['TASKS']`` that lack the decorator (worker side).
 
@@ -99,6 +164,8 @@ def _gate_declared_tasks(sender: Any = None, **kwargs: Any) -> None:
         app.loader.import_default_modules()
         for name in pool_declared_tasks(app):
             logger.info("Task %s is pooled by POOLS['TASKS']", name)
+        for name in pool_default_tasks(app):
+            logger.debug("Task %s is pooled by POOLS['DEFAULT_POOL'] on its queues", name)
 
 
 def _similar(name: str, names: Any) -> list[str]:
@@ -119,6 +186,8 @@ def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:
             app.finalize(auto=True)
             task_type = app._tasks.get(name)  # type: ignore[attr-defined]
     spec = spec_of(task_type) if task_type is not None else None
+    if spec is not None and name in DEFAULT_GATED:
+        spec = None  # gated here for the default pool only: decided by the call's queue
     if spec is None:
         declared = conf.get().TASKS.get(name)
         if declared is not None:
@@ -135,6 +204,8 @@ def _gated_send_task(
     call_options = options.pop(CALL_OPTION, None)
     origin = options.pop(ORIGIN_OPTION, None)
     spec = spec_for(self, name, options.get("task_type"))
+    if spec is None:
+        spec = default_spec(self, name, args, kwargs, options)
     if spec is None:
         if call_options:
             raise PoolConfigurationError(

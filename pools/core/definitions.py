@@ -75,8 +75,71 @@ def parse(name: str, raw: Any) -> PoolDefinition:
 
 
 def declared() -> list[PoolDefinition]:
-    """Every pool declared in settings, validated."""
-    return [parse(name, raw) for name, raw in sorted(conf.get().DEFINITIONS.items())]
+    """Every pool declared in settings (``DEFINITIONS`` and ``DEFAULT_POOL``), validated."""
+    pools = [parse(name, raw) for name, raw in sorted(conf.get().DEFINITIONS.items())]
+    default = default_pool()
+    if default is not None and default.name not in conf.get().DEFINITIONS:
+        pools.append(
+            PoolDefinition(name=default.name, slots=default.slots, max_queued=default.max_queued)
+        )
+    return pools
+
+
+@dataclass(frozen=True, kw_only=True)
+class DefaultPool:
+    """The implicit default pool (``POOLS['DEFAULT_POOL']``)."""
+
+    name: str
+    slots: int
+    #: Tasks without ``@pooled`` routed to one of these queues are admitted through the pool.
+    queues: frozenset[str]
+    max_queued: int | None = None
+
+
+_DEFAULT_POOL_FIELDS = {"name", "slots", "queues", "max_queued"}
+
+
+def parse_default_pool(raw: Any) -> DefaultPool:
+    """Validate ``POOLS['DEFAULT_POOL']``; raises ``PoolConfigurationError`` with the fix."""
+    where = "POOLS['DEFAULT_POOL']"
+    if not isinstance(raw, dict):
+        raise PoolConfigurationError(
+            f"{where} must be a dict such as {{'name': 'default', 'slots': 128}}, got {raw!r}."
+        )
+    unknown = set(raw) - _DEFAULT_POOL_FIELDS
+    if unknown:
+        raise PoolConfigurationError(
+            f"{where} has unknown key(s) {sorted(unknown)}; allowed: "
+            f"{sorted(_DEFAULT_POOL_FIELDS)}."
+        )
+    if "slots" not in raw:
+        raise PoolConfigurationError(f"{where} needs 'slots' (the capacity of the pool).")
+    queues = raw.get("queues", ["celery"])
+    if (
+        isinstance(queues, str)
+        or not isinstance(queues, list | tuple | set | frozenset)
+        or not queues
+        or not all(isinstance(q, str) and q for q in queues)
+    ):
+        raise PoolConfigurationError(
+            f"{where}['queues'] must be a non-empty list of queue names such as ['celery'], "
+            f"got {queues!r}."
+        )
+    max_queued = raw.get("max_queued")
+    return DefaultPool(
+        name=validate_pool_name(raw.get("name", "default")),
+        slots=validate_slots(raw["slots"], what=f"{where}['slots']"),
+        queues=frozenset(queues),
+        max_queued=None
+        if max_queued is None
+        else validate_slots(max_queued, what=f"{where}['max_queued']"),
+    )
+
+
+def default_pool() -> DefaultPool | None:
+    """The implicit default pool in effect, or None when it is off."""
+    raw = conf.get().DEFAULT_POOL
+    return None if raw is None else parse_default_pool(raw)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +172,12 @@ def sync() -> SyncReport:
             )
             if was_created:
                 created.append(d.name)
+                events.record_pool(
+                    EventKind.POOL_CREATED,
+                    d.name,
+                    at=now,
+                    detail={"slots": d.slots, "max_queued": d.max_queued, "paused": d.paused},
+                )
                 continue
             wanted = {
                 "slots": d.slots,

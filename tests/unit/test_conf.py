@@ -57,6 +57,10 @@ def test_invalid_settings__clear_error(pools: object, match: str) -> None:
         ({"TEMPLATES": {"t:{k}": {"slots": 1, "strategy": "fair"}}}, "pools.E030", "strategies"),
         ({"TASKS": {"t": {"pools": "t:{k}"}}}, "pools.E031", "has no template"),
         ({"TEMPLATE_IDLE_SECONDS": 0}, "pools.E001", "positive number"),
+        ({"DEFAULT_POOL": ["default"]}, "pools.E001", "must be None or a dict"),
+        ({"DEFAULT_POOL": {"name": "default"}}, "pools.E032", "needs 'slots'"),
+        ({"DEFAULT_POOL": {"slots": 4, "queues": "celery"}}, "pools.E032", "list of queue"),
+        ({"DEFAULT_POOL": {"slots": 4, "queue": ["c"]}}, "pools.E032", "unknown key"),
     ],
 )
 def test_system_checks__report_bad_definitions(
