@@ -171,13 +171,9 @@ def sync() -> SyncReport:
                 },
             )
             if was_created:
+                # Not logged: settings are the record of settings pools (their capacity
+                # changes on sync are logged, below).
                 created.append(d.name)
-                events.record_pool(
-                    EventKind.POOL_CREATED,
-                    d.name,
-                    at=now,
-                    detail={"slots": d.slots, "max_queued": d.max_queued, "paused": d.paused},
-                )
                 continue
             wanted = {
                 "slots": d.slots,
