@@ -177,9 +177,12 @@ def test_submit_after_retirement_between_check_and_enqueue__recreates_the_pool(
     assert _state(result) == "admitted" and len(calls) == 2
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 def test_concurrent_first_use__creates_one_pool(templates: RecordingBridge) -> None:
-    """Eight threads (eight connections) use a new key at once: one pool, one creation."""
+    """Eight threads (eight connections) use a new key at once: one pool, one creation.
+
+    On PostgreSQL and MariaDB (real concurrent inserts; SQLite serializes writers).
+    """
     threads = 8
     barrier = threading.Barrier(threads)
     errors: list[BaseException] = []
