@@ -347,6 +347,7 @@ class EventKind(models.TextChoices):
     CAPACITY_CHANGED = "capacity", _("capacity changed")
     POOL_CREATED = "pool_created", _("pool created")
     POOL_DELETED = "pool_deleted", _("pool deleted")
+    TERMINATE = "terminate", _("termination requested")
 
 
 class PoolEvent(models.Model):

@@ -21,6 +21,9 @@ entry_requeued = Signal()
 entry_expired = Signal()
 #: A waiting entry was cancelled.
 entry_cancelled = Signal()
+#: Stopping a held (admitted or running) entry was asked for (``cancel(terminate=True)``);
+#: its slots are released when the worker has stopped it (``entry_settled``).
+entry_terminate_requested = Signal()
 #: A submission was refused (pool full, budget, ...).
 entry_rejected = Signal()
 #: A delivery was skipped (no claim, stale fencing token).
@@ -42,6 +45,7 @@ BY_KIND: dict[str, Signal] = {
     "requeued": entry_requeued,
     "expired": entry_expired,
     "cancelled": entry_cancelled,
+    "terminate": entry_terminate_requested,
     "rejected": entry_rejected,
     "skipped": delivery_skipped,
     "capacity": pool_changed,

@@ -713,6 +713,9 @@ def cancel(
         entry.refresh_from_db()
         if entry.state in HELD_STATES and terminate:
             QueueEntry.objects.filter(pk=entry.pk).update(reason=TERMINATING)
+            events.record(
+                EventKind.TERMINATE, [entry], at=now, detail={"reason": reason}, actor=actor
+            )
             transaction.on_commit(lambda: dispatch.bridge().terminate(key))
             return entry
         if entry.state != EntryState.WAITING:

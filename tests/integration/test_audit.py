@@ -41,7 +41,7 @@ def test_scripted_scenario__admin_and_api_changes_are_logged_with_their_actor(
         sent.append((event.kind, event.actor))
 
     receivers = [signals.pool_created, signals.pool_changed, signals.pool_deleted]
-    receivers.append(signals.entry_cancelled)
+    receivers += [signals.entry_cancelled, signals.entry_terminate_requested]
     for signal in receivers:
         signal.connect(listen, weak=False)
     try:
@@ -63,6 +63,12 @@ def test_scripted_scenario__admin_and_api_changes_are_logged_with_their_actor(
             "adm",
             admin,
             {"slots": 1, "reason": f"cancelled in the admin by {admin}"},
+        ),
+        (
+            EventKind.TERMINATE,
+            "adm",
+            admin,
+            {"slots": 3, "reason": f"cancelled in the admin by {admin}"},
         ),
         # API: create, change capacity, pause, cancel, delete.
         (EventKind.POOL_CREATED, "api", api, {"slots": 1, "max_queued": None, "paused": False}),
@@ -102,6 +108,11 @@ def _scenario(admin_client: Client, admin_user: User) -> None:
     admin_client.post(
         reverse("admin:pools_queueentry_changelist"),
         {"action": "cancel_entries", "_selected_action": [str(waiting.queue_id)]},
+    )
+    holder = QueueEntry.objects.get(key="adm-holder")
+    admin_client.post(
+        reverse("admin:pools_queueentry_changelist"),
+        {"action": "cancel_and_terminate", "_selected_action": [str(holder.queue_id)]},
     )
 
     api = APIClient()
