@@ -7,8 +7,9 @@ applied), by per-call overrides and by the enqueue service.
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pools.exceptions import PoolConfigurationError
@@ -50,6 +51,86 @@ def validate_worker(value: object) -> str:
     return value
 
 
+def is_pattern(name: str) -> bool:
+    """True for a per-key pool name pattern such as ``"tenant:{tenant_id}"``."""
+    return "{" in name or "}" in name
+
+
+def pattern_fields(pattern: str) -> list[str]:
+    """The argument names a pattern is formatted from, in order; raises if it is malformed."""
+    try:
+        parsed = list(string.Formatter().parse(pattern))
+    except ValueError as exc:
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: {exc}. Write it as 'tenant:{{tenant_id}}'."
+        ) from None
+    names = []
+    for _literal, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise PoolConfigurationError(
+                f"Invalid pool name pattern {pattern!r}: each {{...}} must be a plain argument "
+                f"name such as {{tenant_id}} (no index, attribute, conversion or format spec)."
+            )
+        names.append(name)
+    return names
+
+
+def validate_pool_pattern(pattern: object) -> str:
+    """Return ``pattern`` if it is a valid per-key pool name pattern, else raise."""
+    if not isinstance(pattern, str) or not is_pattern(pattern):
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: it needs at least one {{argument}}, "
+            f"e.g. 'tenant:{{tenant_id}}'."
+        )
+    names = pattern_fields(pattern)
+    if not names:
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: it needs at least one {{argument}}, "
+            f"e.g. 'tenant:{{tenant_id}}'."
+        )
+    sample = pattern.format(**{n: "x" for n in names})
+    if not POOL_NAME_RE.match(sample):
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: once formatted it must be a valid pool "
+            f"name (letters, digits and '_ . : -', starting with a letter or digit)."
+        )
+    return pattern
+
+
+def validate_pool_name_or_pattern(name: object) -> str:
+    """A pool name, or a per-key pattern (``"tenant:{tenant_id}"``), checked."""
+    if isinstance(name, str) and is_pattern(name):
+        return validate_pool_pattern(name)
+    return validate_pool_name(name)
+
+
+def format_pool_name(pattern: str, values: Mapping[str, Any], *, task: str = "") -> str:
+    """The pool name ``pattern`` gives for a call's argument ``values``.
+
+    Raises :class:`~pools.exceptions.PoolKeyError` for a missing argument or a value that
+    does not make a valid pool name.
+    """
+    from pools.exceptions import PoolKeyError
+
+    what = f"task {task!r}" if task else "the task"
+    missing = [n for n in pattern_fields(pattern) if n not in values]
+    if missing:
+        raise PoolKeyError(
+            f"Pool {pattern!r} of {what} is named from argument(s) {', '.join(missing)}, "
+            f"which the call does not pass. Pass {missing[0]}=... (by name or position)."
+        )
+    name = pattern.format(**{n: values[n] for n in pattern_fields(pattern)})
+    if not POOL_NAME_RE.match(name):
+        raise PoolKeyError(
+            f"Pool {pattern!r} of {what} formats to {name!r}, which is not a valid pool name "
+            f"(1-100 letters, digits and '_ . : -', starting with a letter or digit). Pass "
+            f"another value or change the pattern."
+        )
+    return name
+
+
 def validate_slots(value: object, *, what: str) -> int:
     """Return ``value`` if it is a positive integer, else raise with ``what`` in the message."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -60,7 +141,8 @@ def validate_slots(value: object, *, what: str) -> int:
 def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str, int]:
     """Turn ``"warehouse"`` + ``slots`` or ``{"warehouse": 1, "api": 2}`` into a checked dict."""
     if isinstance(pools, str):
-        return {validate_pool_name(pools): validate_slots(slots, what=f"slots for pool {pools!r}")}
+        name = validate_pool_name_or_pattern(pools)
+        return {name: validate_slots(slots, what=f"slots for pool {pools!r}")}
     if isinstance(pools, Mapping):
         if not pools:
             raise PoolConfigurationError("A pooled task must name at least one pool.")
@@ -70,7 +152,7 @@ def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str
                 "@pooled({'warehouse': 2, 'partner-api': 1})."
             )
         return {
-            validate_pool_name(name): validate_slots(n, what=f"slots for pool {name!r}")
+            validate_pool_name_or_pattern(name): validate_slots(n, what=f"slots for pool {name!r}")
             for name, n in sorted(pools.items())
         }
     raise PoolConfigurationError(
@@ -163,6 +245,8 @@ class PoolSpec:
     #: A submit whose key matches an unfinished entry returns that entry: a callable of the
     #: task's arguments (decorator) or a string (per call).
     idempotency_key: KeySource = None
+    #: For a spec resolved from per-key patterns: ``{pool name: the pattern it came from}``.
+    templates: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Check a spec however it was made (``build``, ``replace`` or by hand).
@@ -175,7 +259,8 @@ class PoolSpec:
                 f"A pool demand must be a non-empty {{pool: slots}} dict, got {self.demand!r}."
             )
         for name, slots in self.demand.items():
-            validate_slots(slots, what=f"slots for pool {validate_pool_name(name)!r}")
+            checked = validate_pool_name_or_pattern(name)
+            validate_slots(slots, what=f"slots for pool {checked!r}")
         _validate_priority(self.priority)
         _validate_timeout(self.queue_timeout)
         validate_policy(self.concurrency_policy)
@@ -256,3 +341,32 @@ class PoolSpec:
     def pools(self) -> list[str]:
         """Pool names in lock order."""
         return list(self.demand)
+
+    @property
+    def patterns(self) -> list[str]:
+        """The per-key patterns among the pools (``"tenant:{tenant_id}"``)."""
+        return [name for name in self.demand if is_pattern(name)]
+
+    def resolve(self, values: Mapping[str, Any], *, task: str = "") -> PoolSpec:
+        """This spec with every per-key pattern formatted from a call's argument ``values``.
+
+        Raises :class:`~pools.exceptions.PoolKeyError` when an argument is missing, a value
+        makes an invalid name, or two pools of the demand end up with the same name.
+        """
+        if not self.patterns:
+            return self
+        from pools.exceptions import PoolKeyError
+
+        demand: dict[str, int] = {}
+        templates: dict[str, str] = {}
+        for name, slots in self.demand.items():
+            resolved = format_pool_name(name, values, task=task) if is_pattern(name) else name
+            if resolved in demand:
+                raise PoolKeyError(
+                    f"Pools {sorted(self.demand)} of {task or 'the task'} name pool "
+                    f"{resolved!r} twice for this call; give the per-key pool a distinct prefix."
+                )
+            demand[resolved] = slots
+            if resolved != name:
+                templates[resolved] = name
+        return replace(self, demand=demand, templates=templates)

@@ -161,6 +161,13 @@ def forbid_job(n: int = 0) -> int:
 
 
 @shared_task
+@pooled("tenant:{tenant_id}", slots=1)
+def tenant_job(tenant_id: str, n: int = 0) -> int:
+    """A per-key pooled task: one pool per tenant (``POOLS['TEMPLATES']`` in the test)."""
+    return n
+
+
+@shared_task
 @pooled("warehouse", concurrency_policy="replace", job_key=lambda tenant, **kw: tenant)
 def replace_job(tenant: str) -> str:
     """Per tenant: a new entry supersedes the tenant's older waiting entries."""
@@ -183,3 +190,10 @@ def flaky_order(self: Task, order_id: int) -> int:
     if not self.request.retries:
         raise self.retry(countdown=3, max_retries=1)
     return order_id
+
+
+@shared_task
+@pooled({"global-api": 1, "tenant:{tenant_id}": 1})
+def tenant_call(tenant_id: str, n: int = 0) -> int:
+    """A global pool plus a per-tenant pool, acquired together."""
+    return n
