@@ -6,7 +6,7 @@ Import-safe: nothing here touches models or the database at import time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pools.exceptions import (
     DemandExceedsCapacity,
@@ -63,13 +63,14 @@ __all__ = [
     "__version__",
     "cancel",
     "current_claim",
+    "limit_run",
     "pooled",
     "snapshot",
 ]
 
 
 def pooled(
-    pools: str | Mapping[str, int],
+    pools: str | Mapping[str, int] | None = None,
     slots: int = 1,
     *,
     priority: int = 0,
@@ -77,6 +78,7 @@ def pooled(
     concurrency_policy: str = "allow",
     job_key: KeySource = None,
     idempotency_key: KeySource = None,
+    max_running: int | None = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`.
 
@@ -84,6 +86,7 @@ def pooled(
     ``@pooled({"warehouse": 1, "partner-api": 1})``; arguments are checked at once.
     ``concurrency_policy`` (``allow``, ``forbid``, ``replace``, ``skip``), ``job_key`` and
     ``idempotency_key`` (callables of the task's arguments): see the job policies how-to.
+    ``max_running=N``: a task cap, at most N calls of the task admitted at once.
     """
     from pools.celery.decorators import pooled as _pooled
 
@@ -95,7 +98,16 @@ def pooled(
         concurrency_policy=concurrency_policy,
         job_key=job_key,
         idempotency_key=idempotency_key,
+        max_running=max_running,
     )
+
+
+def limit_run(signature: Any, *, max_running: int, **options: Any) -> Any:
+    """Send a workflow with at most ``max_running`` of its pooled tasks admitted at once;
+    see :func:`pools.celery.caps.limit_run`."""
+    from pools.celery import caps
+
+    return caps.limit_run(signature, max_running=max_running, **options)
 
 
 def cancel(key: str, *, terminate: bool = False) -> QueueEntry:

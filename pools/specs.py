@@ -6,6 +6,7 @@ applied), by per-call overrides and by the enqueue service.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import string
 from collections.abc import Callable, Mapping
@@ -16,6 +17,47 @@ from pools.exceptions import PoolConfigurationError
 
 #: A pool name: starts with a letter or digit; letters, digits, ``_ . : -``; at most 100.
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
+
+#: Prefixes of the pools the gates make by themselves (workflow caps): a run cap
+#: (``pools.limit_run``) is pool ``run-cap:<root id>``, a task cap (``max_running``) is
+#: pool ``task-cap:<task name>``. Admission checks them first, in this order.
+RUN_CAP_PREFIX = "run-cap:"
+TASK_CAP_PREFIX = "task-cap:"
+CAP_PREFIXES = (RUN_CAP_PREFIX, TASK_CAP_PREFIX)
+
+
+def cap_pool_name(prefix: str, key: str) -> str:
+    """The pool of a run cap or a task cap: ``prefix`` + ``key``, made a valid pool name.
+
+    A key with characters a pool name does not allow, or too long, is shortened and made
+    unique with a hash of it.
+    """
+    name = prefix + key
+    if POOL_NAME_RE.match(name):
+        return name
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    safe = re.sub(r"[^A-Za-z0-9_.:\-]", "_", key)[: 100 - len(prefix) - 13]
+    return f"{prefix}{safe}-{digest}"
+
+
+def gate_rank(pool: str) -> int:
+    """Order of the gates over an entry's pools: run cap, task cap, then named pools."""
+    for rank, prefix in enumerate(CAP_PREFIXES):
+        if pool.startswith(prefix):
+            return rank
+    return len(CAP_PREFIXES)
+
+
+def refuse_reserved(name: str, *, what: str = "Pool name") -> str:
+    """Refuse a user-chosen pool name that takes a workflow cap's prefix."""
+    for prefix in CAP_PREFIXES:
+        if name.startswith(prefix):
+            raise PoolConfigurationError(
+                f"{what} {name!r} starts with {prefix!r}, which is reserved for workflow caps "
+                f"(pools.limit_run, @pooled(max_running=...)); choose another name."
+            )
+    return name
+
 
 #: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
 CALL_OPTIONS = frozenset(
@@ -141,7 +183,7 @@ def validate_slots(value: object, *, what: str) -> int:
 def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str, int]:
     """Turn ``"warehouse"`` + ``slots`` or ``{"warehouse": 1, "api": 2}`` into a checked dict."""
     if isinstance(pools, str):
-        name = validate_pool_name_or_pattern(pools)
+        name = refuse_reserved(validate_pool_name_or_pattern(pools))
         return {name: validate_slots(slots, what=f"slots for pool {pools!r}")}
     if isinstance(pools, Mapping):
         if not pools:
@@ -152,7 +194,9 @@ def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str
                 "@pooled({'warehouse': 2, 'partner-api': 1})."
             )
         return {
-            validate_pool_name_or_pattern(name): validate_slots(n, what=f"slots for pool {name!r}")
+            refuse_reserved(validate_pool_name_or_pattern(name)): validate_slots(
+                n, what=f"slots for pool {name!r}"
+            )
             for name, n in sorted(pools.items())
         }
     raise PoolConfigurationError(
@@ -247,6 +291,11 @@ class PoolSpec:
     idempotency_key: KeySource = None
     #: For a spec resolved from per-key patterns: ``{pool name: the pattern it came from}``.
     templates: dict[str, str] = field(default_factory=dict)
+    #: Task cap: at most this many calls of the task admitted at once (pool
+    #: ``task-cap:<task name>``, added by the gate, which knows the name). ``None``: no cap.
+    max_running: int | None = None
+    #: For a spec with its caps added: ``{cap pool name: its capacity}`` (made on first use).
+    caps: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Check a spec however it was made (``build``, ``replace`` or by hand).
@@ -254,9 +303,12 @@ class PoolSpec:
         Nothing reaches admission with a bad name, non-positive or non-integer slots, or a
         demand out of lock order.
         """
-        if not isinstance(self.demand, Mapping) or not self.demand:
+        if self.max_running is not None:
+            validate_slots(self.max_running, what="max_running")
+        if not isinstance(self.demand, Mapping) or not (self.demand or self.max_running):
             raise PoolConfigurationError(
-                f"A pool demand must be a non-empty {{pool: slots}} dict, got {self.demand!r}."
+                f"A pool demand must be a non-empty {{pool: slots}} dict, got {self.demand!r} "
+                f"(or give max_running=N alone for a task cap)."
             )
         for name, slots in self.demand.items():
             checked = validate_pool_name_or_pattern(name)
@@ -272,7 +324,7 @@ class PoolSpec:
     @classmethod
     def build(
         cls,
-        pools: str | Mapping[str, int],
+        pools: str | Mapping[str, int] | None,
         slots: int = 1,
         *,
         priority: int = 0,
@@ -280,10 +332,18 @@ class PoolSpec:
         concurrency_policy: str = "allow",
         job_key: KeySource = None,
         idempotency_key: KeySource = None,
+        max_running: int | None = None,
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec."""
+        if max_running is not None:
+            max_running = validate_slots(max_running, what="max_running")
+        if pools is None and max_running is None:
+            raise PoolConfigurationError(
+                "@pooled needs a pool name, a {pool: slots} dict, or max_running=N (a task cap)."
+            )
         return cls(
-            demand=normalize_demand(pools, slots),
+            demand={} if pools is None else normalize_demand(pools, slots),
+            max_running=max_running,
             priority=_validate_priority(priority),
             queue_timeout=_validate_timeout(queue_timeout),
             concurrency_policy=validate_policy(concurrency_policy),
@@ -294,15 +354,25 @@ class PoolSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:
         """Build from a settings mapping ``{"pools": ..., "slots": ..., "priority": ...}``."""
-        unknown = set(data) - {"pools", "slots", "priority", "queue_timeout", "concurrency_policy"}
-        if unknown or "pools" not in data:
+        allowed = {
+            "pools",
+            "slots",
+            "priority",
+            "queue_timeout",
+            "concurrency_policy",
+            "max_running",
+        }
+        unknown = set(data) - allowed
+        if unknown or not ("pools" in data or "max_running" in data):
             raise PoolConfigurationError(
-                f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required), "
-                f"'slots', 'priority', 'queue_timeout', 'concurrency_policy'."
+                f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required "
+                f"unless 'max_running' is given), 'slots', 'priority', 'queue_timeout', "
+                f"'concurrency_policy', 'max_running'."
             )
         return cls.build(
-            data["pools"],
+            data.get("pools"),
             data.get("slots", 1),
+            max_running=data.get("max_running"),
             priority=data.get("priority", 0),
             queue_timeout=data.get("queue_timeout"),
             concurrency_policy=data.get("concurrency_policy", "allow"),
@@ -341,6 +411,21 @@ class PoolSpec:
     def pools(self) -> list[str]:
         """Pool names in lock order."""
         return list(self.demand)
+
+    def with_task_cap(self, task: str) -> PoolSpec:
+        """This spec with its task cap's pool in the demand (one slot per call)."""
+        if self.max_running is None:
+            return self
+        name = cap_pool_name(TASK_CAP_PREFIX, task)
+        return replace(
+            self,
+            demand={**self.demand, name: 1},
+            caps={**self.caps, name: self.max_running},
+        )
+
+    def with_run_cap(self, pool: str) -> PoolSpec:
+        """This spec with the run cap's pool ``pool`` (existing) in the demand."""
+        return replace(self, demand={**self.demand, pool: 1})
 
     @property
     def patterns(self) -> list[str]:

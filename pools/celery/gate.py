@@ -27,7 +27,7 @@ from django.db import connection
 from django.utils import timezone
 
 from pools import conf
-from pools.celery import messages, refusals, results
+from pools.celery import caps, messages, refusals, results
 from pools.celery.decorators import gate_task, spec_of
 from pools.celery.messages import ADMITTED_OPTION, CALL_OPTION, CLAIM_HEADER, ORIGIN_OPTION
 from pools.core import admission, definitions
@@ -288,6 +288,7 @@ def _gated_send_task(
         if spec.patterns:
             values = call_arguments(self, name, options.get("task_type"), args, kwargs)
             spec = spec.resolve(values, task=name)
+        spec = spec.with_task_cap(name)
         # In the try: a failing job_key / idempotency_key callable drops a beat fire too.
         fields = job_fields(name, args, kwargs, spec, options.get("headers"))
         return _submit(self, name, args, kwargs, spec, options, origin, fields)
@@ -413,15 +414,16 @@ def _enqueue_held(
         stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
         if expires is not None:
             stored["expires"] = expires.isoformat()
+        spec = caps.with_run_cap(spec, str(headers.get("root_id") or ""), message.task_id)
         sub = _submission(message, spec, origin, args, kwargs, stored, expires, fields)
         _ensure_pools(spec)
         try:
             enqueued = admission.enqueue(sub)
         except UnknownPool as exc:
-            if exc.pool not in spec.templates:
+            if exc.pool not in spec.templates and exc.pool not in spec.caps:
                 raise
-            # The sweep retired this idle per-key pool between our check and our enqueue.
-            _ensure_pools(spec)
+            # The sweep retired this idle per-key or cap pool between our check and now.
+            _ensure_pools(spec, again=True)
             enqueued = admission.enqueue(sub)
     except PoolUnavailable:
         _drop_broken_connection()
@@ -447,10 +449,12 @@ def _inherited(fields: JobFields, task_id: str, attempt: int) -> JobFields:
     return JobFields(job=row[0], policy=row[1], idempotency_key=row[2])
 
 
-def _ensure_pools(spec: PoolSpec) -> None:
-    """Create the per-key pools of a resolved spec on first use (from their templates)."""
+def _ensure_pools(spec: PoolSpec, *, again: bool = False) -> None:
+    """Create the per-key pools of a resolved spec on first use (from their templates),
+    and its task cap's pool."""
     for pool, pattern in spec.templates.items():
         definitions.ensure_pool(pool, pattern)
+    caps.ensure_caps(spec, again=again)
 
 
 def _submission(

@@ -34,7 +34,7 @@ from pools.models import (
     PausedPolicy,
     Pool,
 )
-from pools.specs import validate_pool_name, validate_pool_pattern, validate_slots
+from pools.specs import refuse_reserved, validate_pool_name, validate_pool_pattern, validate_slots
 
 _FIELDS = {"slots", "max_queued", "paused", "description", "overflow", "paused_policy"}
 #: Per-key pools retired per sweep (the next sweep takes the rest).
@@ -60,7 +60,7 @@ class PoolDefinition:
 
 def parse(name: str, raw: Any) -> PoolDefinition:
     """Validate one ``DEFINITIONS`` item; raises ``PoolConfigurationError`` with the fix."""
-    validate_pool_name(name)
+    refuse_reserved(validate_pool_name(name))
     if not isinstance(raw, dict):
         raise PoolConfigurationError(
             f"POOLS['DEFINITIONS'][{name!r}] must be a dict such as {{'slots': 4}}, got {raw!r}."
@@ -478,7 +478,7 @@ def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
     for key, value in values.items():
         try:
             if key == "name":
-                out[key] = validate_pool_name(value)
+                out[key] = refuse_reserved(validate_pool_name(value))
             elif key == "slots":
                 out[key] = validate_slots(value, what="slots")
             elif key == "max_queued":
@@ -632,7 +632,7 @@ class PoolTemplate:
 def parse_template(pattern: str, raw: Any) -> PoolTemplate:
     """Validate one ``TEMPLATES`` item; raises ``PoolConfigurationError`` with the fix."""
     where = f"POOLS['TEMPLATES'][{pattern!r}]"
-    validate_pool_pattern(pattern)
+    refuse_reserved(validate_pool_pattern(pattern))
     if not isinstance(raw, dict):
         raise PoolConfigurationError(f"{where} must be a dict such as {{'slots': 1}}, got {raw!r}.")
     unknown = set(raw) - _TEMPLATE_FIELDS
@@ -695,6 +695,30 @@ def ensure_pool(name: str, pattern: str) -> Pool:
             if pool is not None:
                 return pool
     raise PoolConfigurationError(f"Could not create the per-key pool {name!r}; try again.")
+
+
+def ensure_cap_pool(name: str, slots: int, *, template: str) -> Pool:
+    """The pool of a workflow cap (``run-cap:<root>``, ``task-cap:<task>``), made on first use.
+
+    Created with ``slots`` and ``template`` (so the sweep retires it once idle, like a
+    per-key pool). An existing pool whose configured capacity differs (a task's
+    ``max_running`` changed in the code) gets the new capacity through
+    :func:`update_pool`, which drains. Race-safe as :func:`ensure_pool`.
+    """
+    for _attempt in range(3):
+        pool = Pool.objects.filter(name=name).first()
+        if pool is not None:
+            if configured_slots(pool) != slots:
+                return update_pool(name, slots=slots)
+            return pool
+        try:
+            with transaction.atomic():
+                pool = Pool.objects.create(name=name, slots=slots, template=template)
+                pool_saved(pool, old_slots=None, old_paused=None, created=True)
+            return pool
+        except IntegrityError:
+            continue  # another first use won: read its row
+    raise PoolConfigurationError(f"Could not create the cap pool {name!r}; try again.")
 
 
 def retire_idle(now: datetime | None = None) -> list[str]:
