@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
+from django.utils import timezone
 
 from pools.exceptions import PoolConfigurationError
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent
@@ -29,6 +31,24 @@ REFUSALS = {
     EventKind.SUPERSEDED: "superseded",
     EventKind.DROPPED: "dropped",
 }
+
+
+#: Upper bounds (seconds) of the wait-time histogram's buckets (``+Inf`` is added).
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+#: The wait-time histogram covers entries that joined a line this recently.
+WAIT_WINDOW = timedelta(minutes=15)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaitHistogram:
+    """Waits from joining a pool's line to admission, of the entries that joined it
+    within :data:`WAIT_WINDOW` and have been admitted since."""
+
+    #: Cumulative counts: ``(upper bound in seconds, entries that waited at most that)``,
+    #: the last bound ``inf`` (every entry).
+    buckets: list[tuple[float, int]]
+    #: Total of the waits, in seconds.
+    total_seconds: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +67,8 @@ class PoolMetrics:
     lease_losses: int
     #: Entries that ended without running, by reason, from the event log.
     refusals: dict[str, int] = field(default_factory=dict)
+    #: Recent waits (``None``: no entry joined and left the line within the window).
+    waits: WaitHistogram | None = None
 
 
 def read() -> list[PoolMetrics]:
@@ -72,6 +94,7 @@ def read() -> list[PoolMetrics]:
     )
     for pool, kind, n in rows:
         refusals.setdefault(pool, {})[REFUSALS[EventKind(kind)]] = n
+    waits = read_waits()
     return [
         PoolMetrics(
             pool=name,
@@ -82,11 +105,49 @@ def read() -> list[PoolMetrics]:
             admissions=admissions,
             lease_losses=losses.get(name, 0),
             refusals=refusals.get(name, {}),
+            waits=waits.get(name),
         )
         for name, slots, held, paused, admissions in Pool.objects.order_by("name").values_list(
             "name", "slots", "held", "paused", "admissions"
         )
     ]
+
+
+def read_waits(now: Any = None) -> dict[str, WaitHistogram]:
+    """Per pool, the wait-time histogram of :class:`WaitHistogram`: one grouped query.
+
+    Rows are found by the demand index ``(pool, enqueued_at)``: only lines joined within
+    the window are read, whatever the size of the history.
+    """
+    cutoff = (now or timezone.now()) - WAIT_WINDOW
+    wait = ExpressionWrapper(
+        F("entry__admitted_at") - F("enqueued_at"), output_field=DurationField()
+    )
+    buckets = {
+        f"le_{i}": Count("id", filter=Q(wait__lte=timedelta(seconds=bound)))
+        for i, bound in enumerate(WAIT_BUCKETS)
+    }
+    rows = (
+        Demand.objects.filter(
+            pool_id__in=Pool.objects.values("pk"),
+            enqueued_at__gte=cutoff,
+            entry__admitted_at__isnull=False,
+        )
+        .annotate(wait=wait)
+        .values("pool__name")
+        .annotate(n=Count("id"), total=Sum("wait"), **buckets)
+        .order_by()
+    )
+    out = {}
+    row: dict[str, Any]
+    for row in rows:  # type: ignore[assignment]  # the bucket keys are made at run time
+        counts = [(bound, int(row[f"le_{i}"])) for i, bound in enumerate(WAIT_BUCKETS)]
+        total = row["total"]
+        seconds = total.total_seconds() if isinstance(total, timedelta) else (total or 0) / 1e6
+        out[row["pool__name"]] = WaitHistogram(
+            buckets=[*counts, (float("inf"), int(row["n"]))], total_seconds=seconds
+        )
+    return out
 
 
 def _prometheus() -> Any:
@@ -131,6 +192,12 @@ class PoolsCollector:
             "Entries that ended without running, by reason.",
             labels=["pool", "reason"],
         )
+        waits = core.GaugeHistogramMetricFamily(
+            "pools_wait_seconds",
+            "Wait from joining the line to admission, of entries that joined it in the "
+            f"last {int(WAIT_WINDOW.total_seconds())} s and have been admitted.",
+            labels=["pool"],
+        )
         for m in read():
             gauges["capacity"].add_metric([m.pool], m.capacity)
             gauges["held"].add_metric([m.pool], m.held)
@@ -140,10 +207,21 @@ class PoolsCollector:
             losses.add_metric([m.pool], m.lease_losses)
             for reason, n in sorted(m.refusals.items()):
                 refusals.add_metric([m.pool, reason], n)
+            if m.waits is not None:
+                waits.add_metric(
+                    [m.pool],
+                    [(_le(bound), n) for bound, n in m.waits.buckets],
+                    gsum_value=m.waits.total_seconds,
+                )
         yield from gauges.values()
         yield admissions
         yield losses
         yield refusals
+        yield waits
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
 
 
 def exposition() -> tuple[bytes, str]:

@@ -63,6 +63,9 @@ def test_view__serves_the_exposition_to_users_allowed_to_view_pools(
     assert 'pools_admissions_total{pool="m"} 1.0' in text
     assert 'pools_lease_losses_total{pool="m"} 1.0' in text
     assert 'pools_refusals_total{pool="m",reason="expired"} 1.0' in text
+    # "big" was admitted at once: one wait, in the first bucket (a gauge histogram).
+    assert 'pools_wait_seconds_bucket{le="0.01",pool="m"} 1.0' in text
+    assert 'pools_wait_seconds_gcount{pool="m"} 1.0' in text
     anonymous = Client().get("/metrics/")
     assert anonymous.status_code == 403
     User.objects.create_user("nobody", password="pw")
@@ -74,3 +77,37 @@ def test_view__serves_the_exposition_to_users_allowed_to_view_pools(
 from django.urls import include, path  # noqa: E402  # the URLconf of the view test
 
 urlpatterns = [path("metrics/", include("pools.metrics"))]
+
+
+def test_read_waits__histogram_of_recent_waits(recorder: RecordingBridge) -> None:
+    """Waits from joining the line to admission, for lines joined within the window."""
+    from datetime import timedelta
+
+    from pools.models import Demand
+
+    make_pool("h", 4)
+    waits = {"a": 0.02, "b": 2.0, "c": 100.0, "old": 1.0}
+    for key in waits:
+        submit("h", 1, key=key)  # all admitted at once
+    now = timezone.now()
+    for key, wait in waits.items():
+        entry = QueueEntry.objects.get(key=key)
+        admitted = now - timedelta(minutes=30) if key == "old" else now - timedelta(seconds=1)
+        QueueEntry.objects.filter(pk=entry.pk).update(admitted_at=admitted)
+        Demand.objects.filter(entry=entry).update(
+            enqueued_at=admitted - timedelta(seconds=wait)
+        )
+    submit("h", 1, key="waiting")  # joined the line, not admitted: not counted
+    QueueEntry.objects.filter(key="waiting").update(admitted_at=None)
+    hist = metrics.read_waits(now)["h"]
+    counts = dict(hist.buckets)
+    assert counts[0.01] == 0
+    assert counts[0.05] == 1  # a
+    assert counts[1.0] == 1
+    assert counts[5.0] == 2  # a, b
+    assert counts[60.0] == 2
+    assert counts[300.0] == 3  # a, b, c ("old" joined before the window)
+    assert counts[float("inf")] == 3
+    assert abs(hist.total_seconds - 102.02) < 0.01
+    (h,) = [p for p in metrics.read() if p.pool == "h"]
+    assert h.waits == hist
