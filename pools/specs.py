@@ -24,6 +24,8 @@ POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 RUN_CAP_PREFIX = "run-cap:"
 TASK_CAP_PREFIX = "task-cap:"
 CAP_PREFIXES = (RUN_CAP_PREFIX, TASK_CAP_PREFIX)
+#: :func:`gate_rank` of a named pool (after every cap).
+NAMED_RANK = len(CAP_PREFIXES)
 
 
 def cap_pool_name(prefix: str, key: str) -> str:
@@ -45,7 +47,7 @@ def gate_rank(pool: str) -> int:
     for rank, prefix in enumerate(CAP_PREFIXES):
         if pool.startswith(prefix):
             return rank
-    return len(CAP_PREFIXES)
+    return NAMED_RANK
 
 
 def refuse_reserved(name: str, *, what: str = "Pool name") -> str:

@@ -75,6 +75,7 @@ from pools.models import (
     QueueEntry,
 )
 from pools.pg import fastpath
+from pools.specs import NAMED_RANK, gate_rank
 
 #: ``reason`` of a held entry whose termination was requested (``cancel(terminate=True)``).
 TERMINATING = "terminating"
@@ -82,6 +83,10 @@ TERMINATING = "terminating"
 LINE_BATCH = 200
 #: Bound on follow-up passes when a multi-pool head needs pools that were not locked.
 MAX_PASSES = 4
+#: At most this many entries held back by a workflow cap are passed over per named pool
+#: and pass (they are not in the named pools' lines until their caps have room; see
+#: docs/howto/workflow-caps.md). Beyond it the pool waits, as behind any head.
+CAP_PASS = 100
 #: At most this many delayed entries join the line per admission pass (the rest next pass).
 PROMOTE_BATCH = 500
 #: Named in the database's message when a second unfinished entry takes an idempotency key
@@ -175,16 +180,21 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             live.append(nodes.live_hostnames())
         return live[0]
 
+    # Entries held back by a full workflow cap: not yet in their named pools' lines.
+    passed: set[int] = set()
+    passes: dict[int, int] = {}
+    caps = _CapRoom(pools, free)
+
     while True:
         lines: dict[int, deque[Demand]] = {}
         full_batch: set[int] = set()
         for pid, pool in by_id.items():
             if pool.paused or free[pid] <= 0:
                 continue
-            limit = min(free[pid], LINE_BATCH)
+            limit = min(free[pid] + (CAP_PASS if pid in passes else 0), LINE_BATCH)
             query = Demand.objects.line(pid).select_related("entry")
-            if done:  # rows handled earlier in this pass are not written back yet
-                query = query.exclude(entry_id__in=done)
+            if done or passed:  # rows handled earlier in this pass are not written back yet
+                query = query.exclude(entry_id__in=done | passed)
             rows = list(query[:limit])
             lines[pid] = deque(rows)
             if len(rows) == limit:
@@ -217,6 +227,17 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
                     # An ineligible head blocks its pool's lower entries (SPEC §3).
                     ineligible.add(entry.queue_id)
                     break
+                if (
+                    gate_rank(pool.name) == NAMED_RANK
+                    and passes.get(pool.pk, 0) < CAP_PASS
+                    and caps.holds_back(entry)
+                ):
+                    # Not through its cap yet: not in this pool's line (ordered gates).
+                    passes[pool.pk] = passes.get(pool.pk, 0) + 1
+                    passed.add(entry.queue_id)
+                    line.popleft()
+                    progress = True
+                    continue
                 if not _fits_everywhere(entry, pools, lines, free, result.needs):
                     break
                 for name, slots in entry.demand.items():
@@ -341,6 +362,32 @@ def _expire(entries: list[QueueEntry], now: datetime) -> list[Finished]:
     for reason, group in by_reason.items():
         finished += _finish_waiting(group, EntryState.EXPIRED, now, reason=reason)
     return finished
+
+
+class _CapRoom:
+    """Free slots of workflow-cap pools during a pass: from the pass for locked pools, read
+    once (without a lock: it only orders, it never admits) for the others."""
+
+    def __init__(self, pools: dict[str, Pool], free: dict[int, int]) -> None:
+        self.pools = pools
+        self.free = free
+        self.unlocked: dict[str, int] = {}
+
+    def holds_back(self, entry: QueueEntry) -> bool:
+        """True if a cap pool of ``entry`` has less room than the entry asks of it."""
+        caps = {n: s for n, s in entry.demand.items() if gate_rank(n) < NAMED_RANK}
+        if not caps:
+            return False
+        missing = [n for n in caps if n not in self.pools and n not in self.unlocked]
+        if missing:
+            rows = Pool.objects.filter(name__in=missing).values_list("name", "slots", "held")
+            self.unlocked.update({name: slots - held for name, slots, held in rows})
+        for name, slots in caps.items():
+            pool = self.pools.get(name)
+            room = self.free[pool.pk] if pool is not None else self.unlocked.get(name, 0)
+            if room < slots:
+                return True
+        return False
 
 
 def _fits_everywhere(

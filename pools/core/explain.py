@@ -112,8 +112,10 @@ class Explanation:
 
     @property
     def blocked_by(self) -> str | None:
-        """The first blocker over the entry's pools (by pool name), ``None`` if none."""
-        return next((p.blocked_by for p in self.places if p.blocked_by), None)
+        """The first blocker over the entry's pools (gate order: run cap, task cap, named
+        pools by name), ``None`` if none; ``other_pool`` only when no pool has another."""
+        found = [p.blocked_by for p in self.places if p.blocked_by]
+        return next((b for b in found if b != "other_pool"), found[0] if found else None)
 
 
 # --------------------------------------------------------------------------- small helpers

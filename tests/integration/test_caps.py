@@ -82,6 +82,43 @@ def test_task_cap__composes_with_a_named_pool_and_is_reported_first(
     assert paths.keys() == [first.id, second.id]
 
 
+def test_ordered_gates__an_entry_held_by_its_cap_does_not_block_the_named_pool(
+    paths: RecordingBridge,
+) -> None:
+    """Run cap -> task cap -> named pools: a call waiting for its task cap is not in the
+    named pool's line yet, so later calls of other tasks are admitted there; when the cap
+    has room it is first in line again (its place is its enqueue time)."""
+    make_pool("warehouse", 3)
+    first = capped_add.delay(1, 1)  # task cap 1: admitted
+    capped = [capped_add.delay(i, i) for i in range(2, 5)]  # held by the task cap
+    plain = add.delay(9, 9)  # behind them in warehouse's line, but they are not in it yet
+    assert paths.keys() == [first.id, plain.id]
+    why = explain.explain_key(capped[0].id)
+    assert why.blocked_by == "task_cap"
+    assert settle(paths, first.id)  # the cap has room: the oldest capped call goes next
+    assert paths.keys() == [first.id, plain.id, capped[0].id]
+    assert settle(paths, plain.id)
+    assert paths.keys() == [first.id, plain.id, capped[0].id]  # still at its cap
+    assert settle(paths, capped[0].id)
+    assert paths.keys() == [first.id, plain.id, capped[0].id, capped[1].id]
+
+
+def test_ordered_gates__a_capped_head_whose_cap_has_room_blocks_as_usual(
+    paths: RecordingBridge,
+) -> None:
+    """Through its cap (room), a waiting entry is in the named pool's line: head-of-line
+    order holds there as for any entry."""
+    make_pool("warehouse", 1)
+    blocker = add.delay(0, 0)
+    capped = capped_add.delay(1, 1)  # its task cap has room; warehouse is full
+    later = add.delay(2, 2)
+    assert paths.keys() == [blocker.id]
+    assert explain.explain_key(capped.id).blocked_by == "pool_full"
+    assert settle(paths, blocker.id)
+    assert paths.keys() == [blocker.id, capped.id]
+    assert explain.explain_key(later.id).blocked_by == "pool_full"
+
+
 def test_task_cap__a_changed_max_running_drains_to_the_new_capacity(
     paths: RecordingBridge,
 ) -> None:
@@ -145,22 +182,17 @@ def test_run_cap__a_group_has_at_most_n_members_admitted(paths: RecordingBridge)
 
 def test_run_cap__tasks_started_by_the_workflow_inherit_it(paths: RecordingBridge) -> None:
     """A child call carries the workflow's root id (Celery passes it down): it is capped
-    by the same pool; another workflow's calls are not.
-
-    (The waiting child is at the head of ``bulk``'s line, so it holds back later calls
-    there: caps are pools in the demand, with head-of-line order; the other workflow's
-    call goes to ``warehouse`` here. docs/howto/workflow-caps.md says so.)
-    """
+    by the same pool; another workflow's calls are not, and pass it in the shared pool
+    (the child is not in ``bulk``'s line until its run cap has room)."""
     make_pool(tasks.BULK_POOL, 50)
-    make_pool("warehouse", 5)
     result = pools.limit_run(run_member.s(1), max_running=1)
     root = QueueEntry.objects.get(key=result.id).root_id
     assert root and root != result.id
     child = run_member.apply_async((2,), root_id=root, parent_id=result.id)
-    other = add.apply_async((3, 3), root_id=uuid(), parent_id=uuid())
+    other = run_member.apply_async((3,), root_id=uuid(), parent_id=uuid())
     assert paths.keys() == [result.id, other.id]
     assert explain.explain_key(child.id).blocked_by == "run_cap"
-    assert QueueEntry.objects.get(key=other.id).demand == {"warehouse": 1}
+    assert QueueEntry.objects.get(key=other.id).demand == {tasks.BULK_POOL: 1}
     assert settle(paths, result.id)
     assert paths.keys() == [result.id, other.id, child.id]
 

@@ -97,6 +97,8 @@ def test_explain__multi_pool_entry_waiting_for_the_other_pool(recorder: Recordin
     assert (a.pool, a.position, a.blocked_by) == ("a", 1, "other_pool")
     assert a.detail == {"pool": "b", "reason": "pool_full"}
     assert (b.pool, b.position, b.blocked_by) == ("b", 1, "pool_full")
+    # The entry's own blocker is the full pool, not "waits for another pool".
+    assert explain.explain_key("both").blocked_by == "pool_full"
 
 
 def test_explain__held_and_finished_entries_are_not_blocked(recorder: RecordingBridge) -> None:

@@ -94,9 +94,7 @@ def test_read_waits__histogram_of_recent_waits(recorder: RecordingBridge) -> Non
         entry = QueueEntry.objects.get(key=key)
         admitted = now - timedelta(minutes=30) if key == "old" else now - timedelta(seconds=1)
         QueueEntry.objects.filter(pk=entry.pk).update(admitted_at=admitted)
-        Demand.objects.filter(entry=entry).update(
-            enqueued_at=admitted - timedelta(seconds=wait)
-        )
+        Demand.objects.filter(entry=entry).update(enqueued_at=admitted - timedelta(seconds=wait))
     submit("h", 1, key="waiting")  # joined the line, not admitted: not counted
     QueueEntry.objects.filter(key="waiting").update(admitted_at=None)
     hist = metrics.read_waits(now)["h"]
