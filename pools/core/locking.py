@@ -10,7 +10,9 @@ is logged on ``pools.locking`` and kept as ``__cause__``).
 How the bound is set, per database:
 
 * PostgreSQL: ``SET LOCAL lock_timeout`` and ``statement_timeout`` inside the transaction;
-  the server drops them when the transaction ends.
+  the server drops them when the transaction ends. A transaction pools opens itself also
+  gets ``idle_in_transaction_session_timeout`` (3 x the bound), so a process frozen while
+  holding pool locks loses its session instead of blocking the pools until it resumes.
 * MySQL / MariaDB (InnoDB): there is no transaction-scoped ``SET``, so the session
   variables ``innodb_lock_wait_timeout`` (whole seconds, rounded up) and
   ``max_statement_time`` (MariaDB, seconds) or ``max_execution_time`` (MySQL,
@@ -94,17 +96,33 @@ def mysql_bound() -> tuple[str, str, list[float | int]]:
     return MYSQL_BOUND, MYSQL_RESTORE, [lock_wait, max(1, math.ceil(seconds * 1000))]
 
 
-def set_bound() -> None:
-    """Bound the rest of the current transaction (PostgreSQL).
+def set_bound(*, idle: bool = False) -> None:
+    """Bound the rest of the current transaction (PostgreSQL), in one statement.
 
-    The same ``SET LOCAL`` the fast path sends in front of each call. On MySQL/MariaDB
-    the bound is a pair of session variables that must be restored after the
-    transaction: :func:`bounded_transaction` (or :func:`bounded`) sets it, and this
-    function does nothing there.
+    The same ``SET LOCAL`` the fast path sends in front of each call; with ``idle`` (a
+    transaction pools opened itself, not a caller's) also
+    ``idle_in_transaction_session_timeout``: a process frozen while it holds pool locks
+    (SIGSTOP, a paused VM) loses its session after :data:`IDLE_BOUND_FACTOR` times the
+    bound instead of blocking the pools until it resumes. On MySQL/MariaDB the bound is
+    a pair of session variables that must be restored after the transaction:
+    :func:`bounded_transaction` (or :func:`bounded`) sets it, and this does nothing there.
     """
     if connection.vendor == "postgresql":
+        sql, params = BOUND.rstrip("; "), bound_params()
+        if idle:
+            sql += "; SET LOCAL idle_in_transaction_session_timeout = %s"
+            params = [
+                *params,
+                f"{int(conf.get().LOCK_TIMEOUT_SECONDS * IDLE_BOUND_FACTOR * 1000)}ms",
+            ]
         with connection.cursor() as cursor:
-            cursor.execute(BOUND.rstrip("; "), bound_params())
+            cursor.execute(sql, params)
+
+
+#: A process frozen inside a pools transaction would keep its pool row locks until it
+#: resumes: the server ends such a session once it has been idle in the transaction this
+#: many times ``LOCK_TIMEOUT_SECONDS``.
+IDLE_BOUND_FACTOR = 3
 
 
 # --------------------------------------------------------------------------- errors
@@ -271,8 +289,9 @@ def bounded_transaction() -> Iterator[None]:
     For callers that handle :class:`~django.db.DatabaseError` themselves (the lease
     keeper's renewal). On MySQL/MariaDB the session variables are restored after it.
     """
+    outermost = not connection.in_atomic_block
     with _mysql_session_bound(), transaction.atomic():
-        set_bound()
+        set_bound(idle=outermost)
         yield
 
 

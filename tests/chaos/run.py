@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,7 +285,9 @@ def finished_fraction(run: Run) -> float:
     return len(os.listdir(run.workdir / "results")) / max(int(run.args.tasks), 1)
 
 
-def submit(run: Run, name: str, millis: int) -> None:
+def submit(run: Run, name: str, millis: int, tick: Callable[[], None] = lambda: None) -> None:
+    """Send one call; while pool state is unavailable, retry for up to 2 minutes, running
+    ``tick`` between tries (the runner's own duties, such as resuming paused workers)."""
     from celery import current_app
 
     from pools.exceptions import PoolUnavailable
@@ -299,6 +302,7 @@ def submit(run: Run, name: str, millis: int) -> None:
             run.submit_retries += 1
             if time.monotonic() > deadline:
                 raise
+            tick()
             time.sleep(0.2)
 
 
@@ -517,11 +521,16 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         i = 0
         stalled_since, last_done = time.monotonic(), -1.0
-        while i < len(calls) or todo:
+
+        def resume_due() -> None:
             now = time.monotonic()
             for item in [r for r in resume_at if r[0] <= now]:
                 resume_at.remove(item)
                 _resume(item[1])
+
+        while i < len(calls) or todo:
+            now = time.monotonic()
+            resume_due()
             supervise(run)
             done = finished_fraction(run)
             if done != last_done:
@@ -532,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                 stalled_since = time.monotonic()
                 continue
             if i < len(calls) and now >= t0 + i / args.rate:
-                submit(run, *calls[i])
+                submit(run, *calls[i], tick=resume_due)
                 i += 1
                 continue
             time.sleep(0.02)

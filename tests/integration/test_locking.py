@@ -481,3 +481,54 @@ def test_sweep__does_not_requeue_a_claim_started_after_it_read_the_lapsed_leases
     # The running attempt must keep its claim: one body, one slot, no second admission.
     assert (entry.state, entry.token) == (EntryState.RUNNING, 1)
     assert recorder.keys() == ["late-msg"]
+
+
+# --------------------------------------------------------------------------- frozen holder
+
+
+def test_idle_bound__set_on_pools_own_transactions_only(settings: Settings) -> None:
+    from django.db import transaction
+
+    from pools.core import locking
+
+    with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
+    make_pool("p", 1)
+
+    def idle_timeout() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW idle_in_transaction_session_timeout")
+            return str(cursor.fetchone()[0])
+
+    with locking.locked_pools(["p"]):
+        assert idle_timeout() == "1500ms"  # 3 x LOCK_TIMEOUT_SECONDS
+    with transaction.atomic(), locking.locked_pools(["p"]):
+        # Inside the caller's own transaction: the caller's to bound.
+        assert idle_timeout() == "0"
+
+
+def test_idle_bound__a_frozen_lock_holder_loses_its_session_and_the_pool_goes_on(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
+    """A process frozen inside a pools transaction (as SIGSTOP does) holds the pool's row
+    lock; after 3 x LOCK_TIMEOUT_SECONDS idle the server ends its session, and others
+    take the lock while it is still frozen."""
+    from pools.core import locking
+
+    with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.3)
+    make_pool("p", 1)
+    frozen_for = 3.0
+
+    def frozen_holder() -> None:
+        with locking.locked_pools(["p"]):
+            time.sleep(frozen_for)  # idle in transaction, holding the lock
+
+    holder = InThread(frozen_holder)
+    started = time.monotonic()
+    time.sleep(0.1)
+    with pytest.raises(PoolUnavailable):  # the lock is held: the bound (0.3 s) passes
+        submit("p", key="early")
+    time.sleep(1.2)  # past the idle bound (0.9 s): the server has ended the session
+    assert submit("p", key="late").admitted
+    assert time.monotonic() - started < frozen_for  # ... while the holder still sleeps
+    with pytest.raises(PoolUnavailable):  # the holder finds its session gone on waking
+        holder.join(10)
