@@ -6,7 +6,7 @@ Import-safe: nothing here touches models or the database at import time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pools.exceptions import (
     DemandExceedsCapacity,
@@ -71,15 +71,20 @@ def pooled(
     *,
     priority: int = 0,
     queue_timeout: float | None = None,
+    fairness_key: str | int | Callable[..., Any] | None = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`.
 
     ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
     ``@pooled({"warehouse": 1, "partner-api": 1})``; arguments are checked at once.
+    ``fairness_key`` (a string, or a callable of the task's arguments) is whom a call is
+    fair to in pools with strategy ``fair``.
     """
     from pools.celery.decorators import pooled as _pooled
 
-    return _pooled(pools, slots, priority=priority, queue_timeout=queue_timeout)
+    return _pooled(
+        pools, slots, priority=priority, queue_timeout=queue_timeout, fairness_key=fairness_key
+    )
 
 
 def cancel(key: str, *, terminate: bool = False) -> QueueEntry:

@@ -7,7 +7,7 @@ applied), by per-call overrides and by the enqueue service.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,7 +17,12 @@ from pools.exceptions import PoolConfigurationError
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 
 #: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
-CALL_OPTIONS = frozenset({"priority", "queue_timeout", "worker"})
+CALL_OPTIONS = frozenset({"priority", "queue_timeout", "worker", "fairness_key"})
+#: Longest fairness key (the column's length).
+FAIRNESS_KEY_MAX = 255
+#: A fairness key: a string (or an int, kept as its decimal string), or a callable of the
+#: task's arguments returning one.
+FairnessKey = str | int | Callable[..., Any] | None
 
 
 def validate_pool_name(name: object) -> str:
@@ -74,6 +79,24 @@ def _validate_priority(value: object) -> int:
     return value
 
 
+def validate_fairness_key(value: object, *, what: str = "fairness_key") -> str:
+    """A fairness key as stored: a string of at most 255 characters (an int as its digits)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or len(value) > FAIRNESS_KEY_MAX or "\x00" in value:
+        raise PoolConfigurationError(
+            f"{what} must be a string of at most {FAIRNESS_KEY_MAX} characters (a tenant id, "
+            f"say) or an int, got {value!r}."
+        )
+    return value
+
+
+def _validate_fairness_spec(value: object) -> FairnessKey:
+    if value is None or callable(value):
+        return value  # type: ignore[return-value]
+    return validate_fairness_key(value)
+
+
 def _validate_timeout(value: object) -> float | None:
     if value is None:
         return None
@@ -96,6 +119,9 @@ class PoolSpec:
     queue_timeout: float | None = None
     #: Node affinity (per call): the Celery hostname (``w1@host``) that alone may run it.
     worker: str = ""
+    #: Whom a call is fair to in pools with strategy ``fair``: a string, or a callable of
+    #: the task's arguments returning one (resolved per call, :meth:`for_call`).
+    fairness_key: FairnessKey = None
 
     def __post_init__(self) -> None:
         """Check a spec however it was made (``build``, ``replace`` or by hand).
@@ -111,6 +137,7 @@ class PoolSpec:
             validate_slots(slots, what=f"slots for pool {validate_pool_name(name)!r}")
         _validate_priority(self.priority)
         _validate_timeout(self.queue_timeout)
+        object.__setattr__(self, "fairness_key", _validate_fairness_spec(self.fairness_key))
         if list(self.demand) != sorted(self.demand) or not isinstance(self.demand, dict):
             object.__setattr__(self, "demand", dict(sorted(self.demand.items())))
 
@@ -122,28 +149,32 @@ class PoolSpec:
         *,
         priority: int = 0,
         queue_timeout: float | None = None,
+        fairness_key: FairnessKey = None,
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec."""
         return cls(
             demand=normalize_demand(pools, slots),
             priority=_validate_priority(priority),
             queue_timeout=_validate_timeout(queue_timeout),
+            fairness_key=_validate_fairness_spec(fairness_key),
         )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:
         """Build from a settings mapping ``{"pools": ..., "slots": ..., "priority": ...}``."""
-        unknown = set(data) - {"pools", "slots", "priority", "queue_timeout"}
+        unknown = set(data) - {"pools", "slots", "priority", "queue_timeout", "fairness_key"}
         if unknown or "pools" not in data:
             raise PoolConfigurationError(
                 f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required), "
-                f"'slots', 'priority', 'queue_timeout'."
+                f"'slots', 'priority', 'queue_timeout', 'fairness_key'."
             )
+        key = data.get("fairness_key")
         return cls.build(
             data["pools"],
             data.get("slots", 1),
             priority=data.get("priority", 0),
             queue_timeout=data.get("queue_timeout"),
+            fairness_key=None if key is None else validate_fairness_key(key),
         )
 
     def with_call_options(self, options: Mapping[str, Any] | None) -> PoolSpec:
@@ -166,7 +197,35 @@ class PoolSpec:
             changes["queue_timeout"] = _validate_timeout(options["queue_timeout"])
         if "worker" in options:
             changes["worker"] = validate_worker(options["worker"])
+        if "fairness_key" in options:
+            changes["fairness_key"] = validate_fairness_key(
+                options["fairness_key"], what="pool_options['fairness_key']"
+            )
         return replace(self, **changes)
+
+    def for_call(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> PoolSpec:
+        """This spec with its fairness key resolved for one call (a callable is called with
+        the call's arguments). Raises ``PoolConfigurationError`` when it fails."""
+        key = self.fairness_key
+        if not callable(key):
+            return self
+        try:
+            value = key(*(args or ()), **(kwargs or {}))
+        except Exception as exc:
+            raise PoolConfigurationError(
+                f"The fairness_key callable {getattr(key, '__name__', key)!r} failed on the call's "
+                f"arguments ({type(exc).__name__}: {exc}); it receives the task's own "
+                f"arguments, e.g. fairness_key=lambda tenant_id, **kw: tenant_id."
+            ) from exc
+        return replace(
+            self, fairness_key=validate_fairness_key(value, what="the fairness_key callable's result")
+        )
+
+    @property
+    def fairness(self) -> str:
+        """The resolved fairness key of a call ("" when none, or not resolved yet)."""
+        key = self.fairness_key
+        return key if isinstance(key, str) else ""
 
     @property
     def pools(self) -> list[str]:

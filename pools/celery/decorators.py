@@ -22,7 +22,7 @@ from celery.local import PromiseProxy, Proxy
 
 from pools.celery import worker
 from pools.exceptions import PoolConfigurationError
-from pools.specs import PoolSpec
+from pools.specs import FairnessKey, PoolSpec
 
 T = TypeVar("T")
 
@@ -36,14 +36,19 @@ def pooled(
     *,
     priority: int = 0,
     queue_timeout: float | None = None,
+    fairness_key: FairnessKey = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by one or more named resource pools.
 
     ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
     ``@pooled({"warehouse": 1, "partner-api": 1})``. Arguments are checked now;
     a bad one raises :class:`~pools.exceptions.PoolConfigurationError` at import.
+    ``fairness_key`` (a string, or a callable of the task's arguments) says whom a call is
+    fair to in pools with strategy ``fair``.
     """
-    spec = PoolSpec.build(pools, slots, priority=priority, queue_timeout=queue_timeout)
+    spec = PoolSpec.build(
+        pools, slots, priority=priority, queue_timeout=queue_timeout, fairness_key=fairness_key
+    )
 
     def decorate(obj: T) -> T:
         kind = type(obj)  # type(), not isinstance(): a Proxy would evaluate itself

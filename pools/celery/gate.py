@@ -142,7 +142,7 @@ def _gated_send_task(
                 f"@pooled or list it in POOLS['TASKS']."
             )
         return _original_send_task(self, name, args, kwargs, **options)
-    spec = spec.with_call_options(call_options)
+    spec = spec.with_call_options(call_options).for_call(args, kwargs)
     if spec.worker:
         _route_to_worker(self, spec.worker, options)
     beat_fire = refusals.is_beat_fire(options.get("headers"), origin)
@@ -261,6 +261,7 @@ def _submission(
         parent_id=str(headers.get("parent_id") or ""),
         attempt=int(headers.get("retries") or 0),
         pinned_worker=spec.worker,
+        fairness_key=spec.fairness,
     )
 
 

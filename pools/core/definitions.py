@@ -10,17 +10,36 @@ from django.db import transaction
 from django.utils import timezone
 
 from pools import conf
-from pools.core import admission, events, locking
+from pools.core import admission, events, locking, strategies
 from pools.exceptions import (
     PoolConfigurationError,
     PoolDefinedInSettings,
     PoolInUse,
     UnknownPool,
 )
-from pools.models import TERMINAL_STATES, Demand, EventKind, OverflowPolicy, PausedPolicy, Pool
+from pools.models import (
+    TERMINAL_STATES,
+    Demand,
+    EventKind,
+    OverflowPolicy,
+    PausedPolicy,
+    Pool,
+    Strategy,
+)
 from pools.specs import validate_pool_name, validate_slots
 
-_FIELDS = {"slots", "max_queued", "paused", "description", "overflow", "paused_policy"}
+_FIELDS = {
+    "slots",
+    "max_queued",
+    "paused",
+    "description",
+    "overflow",
+    "paused_policy",
+    "strategy",
+    "aging_seconds",
+}
+#: Fields whose change gives the waiting entries new places (:func:`strategies.rerank`).
+_ORDER_FIELDS = ("strategy", "aging_seconds")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +55,10 @@ class PoolDefinition:
     overflow: str = OverflowPolicy.REJECT
     #: What a submit does while the pool is paused (:class:`PausedPolicy`).
     paused_policy: str = PausedPolicy.QUEUE
+    #: The admission order (:class:`Strategy`).
+    strategy: str = Strategy.PRIORITY
+    #: Strategy ``priority``: one priority level gained per this many seconds waited.
+    aging_seconds: int | None = None
 
 
 def parse(name: str, raw: Any) -> PoolDefinition:
@@ -60,6 +83,11 @@ def parse(name: str, raw: Any) -> PoolDefinition:
             max_queued, what=f"POOLS['DEFINITIONS'][{name!r}]['max_queued']"
         )
     where = f"POOLS['DEFINITIONS'][{name!r}]"
+    strategy = _choice(raw.get("strategy", Strategy.PRIORITY), Strategy, where, "strategy")
+    aging = raw.get("aging_seconds")
+    if aging is not None:
+        aging = validate_slots(aging, what=f"{where}['aging_seconds']")
+    check_order(strategy, aging, where=where)
     return PoolDefinition(
         name=name,
         slots=slots,
@@ -72,10 +100,27 @@ def parse(name: str, raw: Any) -> PoolDefinition:
         paused_policy=_choice(
             raw.get("paused_policy", PausedPolicy.QUEUE), PausedPolicy, where, "paused_policy"
         ),
+        strategy=strategy,
+        aging_seconds=aging,
     )
 
 
-def _choice(value: Any, choices: type[OverflowPolicy | PausedPolicy], where: str, key: str) -> str:
+def check_order(strategy: str, aging_seconds: int | None, *, where: str = "") -> None:
+    """Aging is a rule of strategy ``priority``: refuse it with another strategy."""
+    if aging_seconds is not None and strategy != Strategy.PRIORITY:
+        prefix = f"{where}: " if where else ""
+        exc = PoolConfigurationError(
+            f"{prefix}aging_seconds applies to strategy 'priority' only (it raises a waiting "
+            f"entry's priority), not to {strategy!r}. Remove aging_seconds or use "
+            f"strategy 'priority'."
+        )
+        exc.field = "aging_seconds"
+        raise exc
+
+
+def _choice(
+    value: Any, choices: type[OverflowPolicy | PausedPolicy | Strategy], where: str, key: str
+) -> str:
     """``value`` if it is one of ``choices``, else ``PoolConfigurationError`` listing them."""
     allowed = [str(c) for c in choices.values]
     if value not in allowed:
@@ -135,6 +180,8 @@ def sync() -> SyncReport:
                     "description": d.description,
                     "overflow": d.overflow,
                     "paused_policy": d.paused_policy,
+                    "strategy": d.strategy,
+                    "aging_seconds": d.aging_seconds,
                     "defined_in_settings": True,
                 },
             )
@@ -147,6 +194,8 @@ def sync() -> SyncReport:
                 "description": d.description,
                 "overflow": d.overflow,
                 "paused_policy": d.paused_policy,
+                "strategy": d.strategy,
+                "aging_seconds": d.aging_seconds,
                 "defined_in_settings": True,
                 "retiring": False,
             }
@@ -158,9 +207,12 @@ def sync() -> SyncReport:
             with locking.locked_pools([d.name]) as locked:
                 pool = locked[d.name]
                 old_paused = pool.paused
+                reorder = any(getattr(pool, k) != wanted[k] for k in _ORDER_FIELDS)
                 for key, value in wanted.items():
                     setattr(pool, key, value)
                 pool.save(update_fields=[*wanted, "updated_at"])
+                if reorder:
+                    _reorder(pool, now)
                 change_slots(pool, d.slots, now)
                 _log_pause(pool, old_paused, now)
             updated.append(d.name)
@@ -209,6 +261,17 @@ def change_slots(pool: Pool, slots: int, now: datetime) -> None:
         slots=pool.slots, pending_slots=pool.pending_slots, updated_at=now
     )
     events.record_pool(EventKind.CAPACITY_CHANGED, pool.name, at=now, detail=detail)
+
+
+def _reorder(pool: Pool, now: datetime) -> None:
+    """The pool's order changed (under its lock): new places for its backlog, and an event."""
+    moved = strategies.rerank(pool)
+    events.record_pool(
+        EventKind.CAPACITY_CHANGED,
+        pool.name,
+        at=now,
+        detail={"strategy": pool.strategy, "aging_seconds": pool.aging_seconds, "moved": moved},
+    )
 
 
 def _log_pause(pool: Pool, old_paused: bool | None, now: datetime) -> None:
@@ -336,7 +399,16 @@ def set_paused(name: str, paused: bool) -> bool:
 # --------------------------------------------------------------------------- pool CRUD (API)
 
 #: Fields of a pool that :func:`update_pool` may change (the name is fixed: entries name it).
-EDITABLE = ("slots", "max_queued", "paused", "description", "overflow", "paused_policy")
+EDITABLE = (
+    "slots",
+    "max_queued",
+    "paused",
+    "description",
+    "overflow",
+    "paused_policy",
+    "strategy",
+    "aging_seconds",
+)
 
 
 def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -363,6 +435,10 @@ def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
                 out[key] = _choice(value, OverflowPolicy, "", key)
             elif key == "paused_policy":
                 out[key] = _choice(value, PausedPolicy, "", key)
+            elif key == "strategy":
+                out[key] = _choice(value, Strategy, "", key)
+            elif key == "aging_seconds":
+                out[key] = None if value is None else validate_slots(value, what="aging_seconds")
             else:
                 raise PoolConfigurationError(
                     f"Unknown pool field {key!r}; allowed: name, {', '.join(EDITABLE)}."
@@ -382,6 +458,8 @@ def create_pool(
     description: str = "",
     overflow: str = OverflowPolicy.REJECT,
     paused_policy: str = PausedPolicy.QUEUE,
+    strategy: str = Strategy.PRIORITY,
+    aging_seconds: int | None = None,
 ) -> Pool:
     """Create a pool (admin, API). Raises ``PoolConfigurationError`` (bad field, name taken)."""
     values = validate_fields(
@@ -393,8 +471,11 @@ def create_pool(
             "description": description,
             "overflow": overflow,
             "paused_policy": paused_policy,
+            "strategy": strategy,
+            "aging_seconds": aging_seconds,
         }
     )
+    check_order(values["strategy"], values["aging_seconds"])
     with transaction.atomic():
         if Pool.objects.filter(name=name).exists():
             exc = PoolConfigurationError(
@@ -429,9 +510,13 @@ def update_pool(name: str, **changes: Any) -> Pool:
             raise UnknownPool(name)
         old_slots, old_paused = pool.slots, pool.paused
         slots = values.pop("slots", None)
+        reorder = any(k in values and getattr(pool, k) != values[k] for k in _ORDER_FIELDS)
         for key, value in values.items():
             setattr(pool, key, value)
+        check_order(pool.strategy, pool.aging_seconds)
         pool.save(update_fields=[*values, "updated_at"])
+        if reorder:
+            _reorder(pool, timezone.now())
         if slots is not None:
             change_slots(pool, slots, timezone.now())
         pool_saved(pool, old_slots=old_slots, old_paused=old_paused)

@@ -54,6 +54,8 @@ class Submission:
     concurrency_policy: str = "allow"
     #: Node affinity: the Celery hostname that alone may run the entry (empty: any worker).
     pinned_worker: str = ""
+    #: Whom the entry is fair to in pools with strategy ``fair`` (empty: the keyless group).
+    fairness_key: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from pools.core import explain
 from pools.core.explain import PoolView
 from pools.exceptions import UnknownPool
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
-from pools.querysets import held_slots_expr
+from pools.querysets import LINE_ORDER, held_slots_expr
 
 #: Demand states of unfinished entries, counted per pool (``delayed``: not due yet).
 ACTIVE_STATES = ("waiting", "delayed", "admitted", "running")
@@ -168,7 +168,7 @@ def _with_heads(qs: QuerySet[Pool], n: int) -> QuerySet[Pool]:
     annotations: dict[str, Any] = {
         name: Subquery(
             Demand.objects.filter(pool_id=OuterRef("pk"), state=EntryState.WAITING)
-            .order_by("-priority", "enqueued_at", "entry_id")
+            .order_by(*LINE_ORDER)
             .values("pk")[i : i + 1]
         )
         for i, name in enumerate(_head_names(n))
@@ -239,7 +239,7 @@ def _other_gates(names: Iterable[str], known: dict[str, _Gate]) -> dict[str, _Ga
         return known
     first = (
         Demand.objects.filter(pool_id=OuterRef("pk"), state=EntryState.WAITING)
-        .order_by("-priority", "enqueued_at", "entry_id")
+        .order_by(*LINE_ORDER)
         .values("entry_id")[:1]
     )
     out = dict(known)
@@ -437,16 +437,16 @@ def entries_page(
     else:
         base = Demand.objects.filter(pool_id=pool.pk, state=state)
     if state == EntryState.WAITING:
-        qs = base.order_by("-priority", "enqueued_at", "entry_id")
+        qs = base.order_by(*LINE_ORDER)
         if after:
             try:
                 p, t, i = int(after[0]), datetime.fromisoformat(after[1]), int(after[2])
             except (ValueError, TypeError, IndexError) as exc:
                 raise InvalidCursor(f"Invalid cursor {cursor!r}.") from exc
             qs = qs.filter(
-                Q(priority__lt=p)
-                | Q(priority=p, enqueued_at__gt=t)
-                | Q(priority=p, enqueued_at=t, entry_id__gt=i)
+                Q(line_round__gt=p)
+                | Q(line_round=p, line_at__gt=t)
+                | Q(line_round=p, line_at=t, entry_id__gt=i)
             )
         rows = list(_rows(qs)[: limit + 1])
         more = len(rows) > limit
@@ -471,7 +471,7 @@ def entries_page(
         items = _explained(view, [(d, start + i) for i, d in enumerate(rows)], first, gates, now)
         last = rows[-1] if rows else None
         next_cursor = (
-            _encode([state, last.priority, last.enqueued_at.isoformat(), last.entry_id])
+            _encode([state, last.line_round, last.line_at.isoformat(), last.entry_id])
             if more and last
             else None
         )
