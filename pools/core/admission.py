@@ -793,8 +793,23 @@ def _settle_in_one_call(
         return False
     _on_commit(reply)
     job = (settled.detail or {}).get("job", "")
-    _follow_up(reply.fallbacks | _forbid_waiters(job, settled.demand or {}))
+    # As settle() on the ORM path: one pass over the pools the function left to Python
+    # (the pass settle() runs under its locks), then one follow-up over the pools that
+    # pass needs and those of waiting 'forbid' instances of the job. Merging the two
+    # would run the first pass with more pools locked (a due multi-pool entry could then
+    # join a line that the ORM path's first pass admits from without it).
+    needs = _pass_over(reply.fallbacks)
+    _follow_up(needs | _forbid_waiters(job, settled.demand or {}))
     return True
+
+
+def _pass_over(names: set[str]) -> set[str]:
+    """One admission pass over ``names`` in its own transaction; returns the pools a
+    follow-up pass must cover (what :func:`_admit_in` returns)."""
+    if not names:
+        return set()
+    with locked_pools(names) as pools:
+        return _admit_in(pools, timezone.now())
 
 
 def requeue(
