@@ -6,6 +6,7 @@ Rows are changed only by the service modules (:mod:`pools.core.admission`,
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -202,6 +203,17 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.slots} slots)"
+
+    def clean(self) -> None:
+        """Aging is a rule of strategy ``priority`` (admin form validation)."""
+        if self.aging_seconds is not None and self.strategy != Strategy.PRIORITY:
+            raise ValidationError(
+                {
+                    "aging_seconds": _(
+                        "Aging applies to strategy 'priority' only: clear it or use 'priority'."
+                    )
+                }
+            )
 
 
 class QueueEntry(models.Model):

@@ -67,6 +67,8 @@ class LineItem:
     root_id: str = ""
     #: Every pool the entry asks for, ``{name: slots}``.
     demand: dict[str, int] = field(default_factory=dict)
+    #: Whom the entry is fair to in pools with strategy ``fair`` ("" when none).
+    fairness_key: str = ""
     #: Waiting entries: one of :data:`pools.core.explain.BLOCKERS`, or ``None`` if admissible.
     blocked_by: str | None = None
     #: Waiting entries: the human sentence of :mod:`pools.core.explain`.
@@ -95,6 +97,9 @@ class PoolSnapshot:
     #: What a submit does when the backlog is full / while paused.
     overflow: str = "reject"
     paused_policy: str = "queue"
+    #: The admission order (:class:`pools.models.Strategy`) and its aging, if any.
+    strategy: str = "priority"
+    aging_seconds: int | None = None
     #: Removed from settings while it held or queued work: deleted once empty.
     retiring: bool = False
     #: Unfinished entries per demand state (``waiting``, ``admitted``, ``running``, ...).
@@ -144,6 +149,7 @@ def item(d: Demand, position: int | None = None, **extra: Any) -> LineItem:
         attempt=e.attempt,
         root_id=e.root_id,
         demand=dict(e.demand),
+        fairness_key=e.fairness_key,
         **extra,
     )
 
@@ -340,6 +346,8 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
                 draining=p.pending_slots is not None,
                 overflow=p.overflow,
                 paused_policy=p.paused_policy,
+                strategy=p.strategy,
+                aging_seconds=p.aging_seconds,
                 retiring=p.retiring,
                 held=view.held,
                 waiting=counts[p.pk]["waiting"],
