@@ -164,9 +164,7 @@ class Pool(models.Model):
         ),
     )
     #: Strategy ``fair``: the highest round of an admitted entry (under this row's lock).
-    fair_round = models.BigIntegerField(
-        _("fair round"), default=0, db_default=0, editable=False
-    )
+    fair_round = models.BigIntegerField(_("fair round"), default=0, db_default=0, editable=False)
     #: Removed from POOLS['DEFINITIONS'] while it still held or queued work: deleted once empty.
     retiring = models.BooleanField(_("retiring"), default=False, db_default=False, editable=False)
     #: Slots held by this pool's admitted and running entries: changed only under this

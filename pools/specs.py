@@ -93,7 +93,7 @@ def validate_fairness_key(value: object, *, what: str = "fairness_key") -> str:
 
 def _validate_fairness_spec(value: object) -> FairnessKey:
     if value is None or callable(value):
-        return value  # type: ignore[return-value]
+        return value
     return validate_fairness_key(value)
 
 
@@ -218,7 +218,8 @@ class PoolSpec:
                 f"arguments, e.g. fairness_key=lambda tenant_id, **kw: tenant_id."
             ) from exc
         return replace(
-            self, fairness_key=validate_fairness_key(value, what="the fairness_key callable's result")
+            self,
+            fairness_key=validate_fairness_key(value, what="the fairness_key callable's result"),
         )
 
     @property

@@ -8,7 +8,7 @@ demand row joins the line (enqueue, or a delayed entry becoming due):
 strategy                       ``line_round``                 ``line_at``
 =============================  =============================  =============================
 ``priority``                   ``-priority``                  ``enqueued_at``
-``priority`` + aging *N*       ``0``                          ``enqueued_at - priority·N s``
+``priority`` + aging *N*       ``0``                          ``enqueued_at - priority*N s``
 ``fifo``                       ``0``                          ``enqueued_at``
 ``lifo``                       ``-enqueued_at`` (µs)          ``enqueued_at``
 ``fair``                       the key's round                ``enqueued_at``
@@ -17,7 +17,7 @@ strategy                       ``line_round``                 ``line_at``
 So a strategy changes only the order: the admission pass (head of line, multi-pool heads,
 no oversubscription) is the same for all, and finding the head stays one index range scan.
 
-Aging: ``line_at = enqueued_at - priority × aging_seconds`` orders entries by
+Aging: ``line_at = enqueued_at - priority * aging_seconds`` orders entries by
 ``priority + seconds_waited / aging_seconds`` (the *effective priority*), for every clock
 reading at once, so the order needs no re-sorting as time passes. No cap: a cap would make
 the order depend on the clock.

@@ -37,13 +37,10 @@ DROP FUNCTION IF EXISTS pools_out_v5(
     bigint, timestamptz, bigint, text, jsonb
 );
 """
-DROP_V6 = (
-    DROP_V5.replace("_v5", "_v6")
-    .replace(
-        "text, text, text, integer, double precision, boolean, integer\n);",
-        "text, text, text, integer, double precision, boolean, text, integer\n);",
-        1,
-    )
+DROP_V6 = DROP_V5.replace("_v5", "_v6").replace(
+    "text, text, text, integer, double precision, boolean, integer\n);",
+    "text, text, text, integer, double precision, boolean, text, integer\n);",
+    1,
 )
 FAIR_STATES = ("waiting", "admitted", "running", "succeeded", "failed", "retried")
 

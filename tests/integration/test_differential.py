@@ -345,10 +345,8 @@ class Run:
         """A pool policy change through the service functions (returns nothing to compare)."""
         rng = self.rng
         name = rng.choice(list(POOLS))
-        what = rng.choice(
-            ["slots", "slots", "pause", "resume", "overflow", "paused_policy"]
-            + ["strategy", "strategy", "aging"]
-        )
+        ops = ["slots", "slots", "pause", "resume", "overflow", "paused_policy"]
+        what = rng.choice([*ops, "strategy", "strategy", "aging"])
         if what == "strategy" and name != "a":  # "a" stays fair: keys compete there
             strategy = rng.choice(["priority", "fifo", "lifo", "fair"])
             aging = rng.choice([None, 3]) if strategy == "priority" else None

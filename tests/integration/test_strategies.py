@@ -217,7 +217,10 @@ def test_aging__needs_strategy_priority() -> None:
 
 
 def test_settings__strategy_and_aging_sync_from_definitions(recorder: RecordingBridge) -> None:
-    pools = {"fair-pool": {"slots": 2, "strategy": "fair"}, "aged": {"slots": 1, "aging_seconds": 30}}
+    pools = {
+        "fair-pool": {"slots": 2, "strategy": "fair"},
+        "aged": {"slots": 1, "aging_seconds": 30},
+    }
     with override_settings(POOLS={**settings.POOLS, "DEFINITIONS": pools}):
         definitions.sync()
         assert Pool.objects.get(name="fair-pool").strategy == "fair"

@@ -131,3 +131,10 @@ def reject_once(self: Task) -> str:
     if not (self.request.delivery_info or {}).get("redelivered"):
         raise Reject("try again", requeue=True)
     return "second time"
+
+
+@shared_task
+@pooled("tenants", fairness_key=lambda tenant_id, *args, **kwargs: tenant_id)
+def per_tenant(tenant_id: int, n: int = 0) -> int:
+    """Fair to its first argument (strategy ``fair`` pools: one tenant per round)."""
+    return n

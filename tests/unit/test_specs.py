@@ -69,3 +69,29 @@ def test_from_dict__settings_form() -> None:
     assert spec.demand == {"a": 1} and spec.priority == 3
     with pytest.raises(PoolConfigurationError, match="expected keys"):
         PoolSpec.from_dict({"pool": "a"})
+
+
+def test_fairness_key__string_int_callable_and_per_call() -> None:
+    assert PoolSpec.build("p", fairness_key="acme").fairness == "acme"
+    assert PoolSpec.build("p", fairness_key=42).fairness == "42"
+    spec = PoolSpec.build("p", fairness_key=lambda tenant, **kw: f"t-{tenant}")
+    assert spec.fairness == ""  # a callable is resolved per call
+    assert spec.for_call((5,), {}).fairness == "t-5"
+    assert spec.with_call_options({"fairness_key": "x"}).for_call((5,), {}).fairness == "x"
+    assert PoolSpec.from_dict({"pools": "p", "fairness_key": "k"}).fairness == "k"
+
+
+@pytest.mark.parametrize("bad", [["a"], "x" * 256, 1.5, True])
+def test_fairness_key__rejects_what_cannot_be_stored(bad: object) -> None:
+    with pytest.raises(PoolConfigurationError, match="fairness_key"):
+        PoolSpec.build("p", fairness_key=bad)  # type: ignore[arg-type]
+    with pytest.raises(PoolConfigurationError, match="fairness_key"):
+        PoolSpec.build("p").with_call_options({"fairness_key": bad})
+
+
+def test_fairness_key__a_failing_callable_names_the_fix() -> None:
+    spec = PoolSpec.build("p", fairness_key=lambda tenant_id: tenant_id)
+    with pytest.raises(PoolConfigurationError, match="receives the task's own arguments"):
+        spec.for_call((), {"other": 1})
+    with pytest.raises(PoolConfigurationError, match="callable's result"):
+        PoolSpec.build("p", fairness_key=lambda: None).for_call((), {})
