@@ -396,11 +396,13 @@ class Demand(models.Model):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
-        if self.line_at is None and self.enqueued_at is not None:
-            # Rows made without a strategy's place (tests, bulk loads): priority order.
-            self.line_at = self.enqueued_at
-            if "line_round" not in kwargs:
-                self.line_round = -self.priority
+        # Rows made without a strategy's place (tests, bulk loads) get the priority order.
+        # Read from __dict__: a deferred field of a loaded row is absent (no query here).
+        values = self.__dict__
+        if "line_at" in values and values["line_at"] is None and values.get("enqueued_at"):
+            self.line_at = values["enqueued_at"]
+            if "line_round" not in kwargs and "priority" in values:
+                self.line_round = -int(values["priority"] or 0)
 
     def __str__(self) -> str:
         return f"{self.slots} of {self.pool_id} for entry {self.entry_id}"

@@ -286,3 +286,21 @@ def test_aging__place_is_the_enqueue_time_moved_back_by_priority(
     row = Demand.objects.get(entry__key="x")
     assert (row.line_round, row.line_at) == (0, row.enqueued_at - timedelta(seconds=30))
     assert strategies.aging_of(Pool.objects.get(name="p")) == 10
+
+
+def test_command__list_and_inspect_show_strategy_and_keys(recorder: RecordingBridge) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    make_pool("fairly", 1, strategy="fair")
+    make_pool("aged", 1, aging_seconds=30)
+    submit("fairly", key="run", fairness_key="acme")
+    submit("fairly", key="next", fairness_key="globex")
+    out = StringIO()
+    call_command("pools", "list", stdout=out)
+    listing = out.getvalue()
+    assert "(fair)" in listing and "(priority, aging 30s)" in listing, listing
+    out = StringIO()
+    call_command("pools", "inspect", "fairly", stdout=out)
+    assert "key=globex" in out.getvalue(), out.getvalue()
