@@ -21,6 +21,7 @@ from pools.exceptions import (
     PoolError,
     PoolFull,
     PoolInUse,
+    PoolKeyError,
     PoolPaused,
     PoolRefused,
     PoolUnavailable,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from pools.core.leases import Claim
     from pools.core.snapshots import PoolSnapshot
     from pools.models import QueueEntry
+    from pools.specs import KeySource
 
 T = TypeVar("T")
 
@@ -51,6 +53,7 @@ __all__ = [
     "PoolError",
     "PoolFull",
     "PoolInUse",
+    "PoolKeyError",
     "PoolPaused",
     "PoolRefused",
     "PoolUnavailable",
@@ -60,31 +63,55 @@ __all__ = [
     "__version__",
     "cancel",
     "current_claim",
+    "limit_run",
     "pooled",
     "snapshot",
 ]
 
 
 def pooled(
-    pools: str | Mapping[str, int],
+    pools: str | Mapping[str, int] | None = None,
     slots: int = 1,
     *,
     priority: int = 0,
     queue_timeout: float | None = None,
-    fairness_key: str | int | Callable[..., Any] | None = None,
+    concurrency_policy: str = "allow",
+    job_key: KeySource = None,
+    idempotency_key: KeySource = None,
+    max_running: int | None = None,
+    fairness_key: KeySource | int = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`.
 
     ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
     ``@pooled({"warehouse": 1, "partner-api": 1})``; arguments are checked at once.
-    ``fairness_key`` (a string, or a callable of the task's arguments) is whom a call is
+    ``concurrency_policy`` (``allow``, ``forbid``, ``replace``, ``skip``), ``job_key`` and
+    ``idempotency_key`` (callables of the task's arguments): see the job policies how-to.
+    ``max_running=N``: a task cap, at most N calls of the task admitted at once.
+    ``fairness_key`` (a string, or a callable of the task's arguments): whom a call is
     fair to in pools with strategy ``fair``.
     """
     from pools.celery.decorators import pooled as _pooled
 
     return _pooled(
-        pools, slots, priority=priority, queue_timeout=queue_timeout, fairness_key=fairness_key
+        pools,
+        slots,
+        priority=priority,
+        queue_timeout=queue_timeout,
+        concurrency_policy=concurrency_policy,
+        job_key=job_key,
+        idempotency_key=idempotency_key,
+        max_running=max_running,
+        fairness_key=fairness_key,
     )
+
+
+def limit_run(signature: Any, *, max_running: int, **options: Any) -> Any:
+    """Send a workflow with at most ``max_running`` of its pooled tasks admitted at once;
+    see :func:`pools.celery.caps.limit_run`."""
+    from pools.celery import caps
+
+    return caps.limit_run(signature, max_running=max_running, **options)
 
 
 def cancel(key: str, *, terminate: bool = False) -> QueueEntry:

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
 from pools.querysets import DemandQuerySet, QueueEntryQuerySet
@@ -40,6 +40,8 @@ DEMAND_STATES = [*EntryState.choices, (DELAYED, _("delayed (not yet due)"))]
 
 #: States whose entries hold slots (the claim).
 HELD_STATES = (EntryState.ADMITTED, EntryState.RUNNING)
+#: States of an entry that has not finished (an idempotency key is taken while in one).
+UNFINISHED_STATES = (EntryState.WAITING, EntryState.ADMITTED, EntryState.RUNNING)
 #: States an entry never leaves.
 TERMINAL_STATES = (
     EntryState.SUCCEEDED,
@@ -188,6 +190,11 @@ class Pool(models.Model):
         editable=False,
         help_text=_("Created or updated from POOLS['DEFINITIONS'] by 'pools sync'."),
     )
+    #: The ``POOLS["TEMPLATES"]`` pattern a per-key pool was created from on first use
+    #: (empty for other pools); such a pool is deleted when idle (``TEMPLATE_IDLE_SECONDS``).
+    template = models.CharField(
+        _("template"), max_length=100, blank=True, default="", db_default="", editable=False
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 
@@ -276,6 +283,21 @@ class QueueEntry(models.Model):
     fairness_key = models.CharField(
         _("fairness key"), max_length=255, blank=True, default="", db_default=""
     )
+    #: ``idempotency_key`` while the entry is waiting, admitted or running, else NULL: a
+    #: stored generated column with a plain unique index (NULLs never collide), so the
+    #: database itself refuses a second unfinished entry with the same key, on PostgreSQL,
+    #: SQLite and MariaDB alike (MariaDB has no partial indexes). Computed by the database
+    #: on every insert and update: no code path has to remember to clear it.
+    idempotency_active = models.GeneratedField(
+        expression=Case(
+            When(state__in=UNFINISHED_STATES, then=F("idempotency_key")),
+            default=Value(None),
+            output_field=models.CharField(max_length=255, null=True),
+        ),
+        output_field=models.CharField(max_length=255, null=True),
+        db_persist=True,
+        verbose_name=_("active idempotency key"),
+    )
 
     objects = QueueEntryQuerySet.as_manager()
 
@@ -315,11 +337,18 @@ class QueueEntry(models.Model):
             models.Index(
                 fields=["root_id"], name="pools_entry_root", condition=models.Q(root_id__gt="")
             ),
-            # Unfinished entries of a job (``forbid``: is another instance held?).
+            # Unfinished entries of a job (concurrency policies, superseded retries,
+            # periodic task changes): entries without a job are not in it.
             models.Index(
                 fields=["job"],
                 name="pools_entry_job",
                 condition=models.Q(job__gt="", finished_at__isnull=True),
+            ),
+        ]
+        constraints = [
+            # One unfinished entry per idempotency key (see ``idempotency_active``).
+            models.UniqueConstraint(
+                fields=["idempotency_active"], name="pools_entry_idempotency_active"
             ),
         ]
 
@@ -423,6 +452,9 @@ class EventKind(models.TextChoices):
     SUPERSEDED = "superseded", _("superseded")
     SKIPPED = "skipped", _("skipped delivery")
     CAPACITY_CHANGED = "capacity", _("capacity changed")
+    POOL_CREATED = "pool_created", _("pool created")
+    POOL_DELETED = "pool_deleted", _("pool deleted")
+    TERMINATE = "terminate", _("termination requested")
 
 
 class PoolEvent(models.Model):
@@ -436,6 +468,9 @@ class PoolEvent(models.Model):
     key = models.CharField(_("key"), max_length=255, blank=True)
     token = models.PositiveBigIntegerField(_("token"), null=True, blank=True)
     detail = models.JSONField(_("detail"), default=dict, encoder=DjangoJSONEncoder)
+    #: Who made the change, for changes made in the admin or the REST API (the username);
+    #: empty for the engine's own transitions, settings sync and code.
+    actor = models.CharField(_("actor"), max_length=150, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["id"]

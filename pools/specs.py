@@ -6,9 +6,11 @@ applied), by per-call overrides and by the enqueue service.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pools.exceptions import PoolConfigurationError
@@ -16,13 +18,67 @@ from pools.exceptions import PoolConfigurationError
 #: A pool name: starts with a letter or digit; letters, digits, ``_ . : -``; at most 100.
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 
+#: Prefixes of the pools the gates make by themselves (workflow caps): a run cap
+#: (``pools.limit_run``) is pool ``run-cap:<root id>``, a task cap (``max_running``) is
+#: pool ``task-cap:<task name>``. Admission checks them first, in this order.
+RUN_CAP_PREFIX = "run-cap:"
+TASK_CAP_PREFIX = "task-cap:"
+CAP_PREFIXES = (RUN_CAP_PREFIX, TASK_CAP_PREFIX)
+
+
+def cap_pool_name(prefix: str, key: str) -> str:
+    """The pool of a run cap or a task cap: ``prefix`` + ``key``, made a valid pool name.
+
+    A key with characters a pool name does not allow, or too long, is shortened and made
+    unique with a hash of it.
+    """
+    name = prefix + key
+    if POOL_NAME_RE.match(name):
+        return name
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    safe = re.sub(r"[^A-Za-z0-9_.:\-]", "_", key)[: 100 - len(prefix) - 13]
+    return f"{prefix}{safe}-{digest}"
+
+
+def gate_rank(pool: str) -> int:
+    """Order of the gates over an entry's pools: run cap, task cap, then named pools."""
+    for rank, prefix in enumerate(CAP_PREFIXES):
+        if pool.startswith(prefix):
+            return rank
+    return len(CAP_PREFIXES)
+
+
+def refuse_reserved(name: str, *, what: str = "Pool name") -> str:
+    """Refuse a user-chosen pool name that takes a workflow cap's prefix."""
+    for prefix in CAP_PREFIXES:
+        if name.startswith(prefix):
+            raise PoolConfigurationError(
+                f"{what} {name!r} starts with {prefix!r}, which is reserved for workflow caps "
+                f"(pools.limit_run, @pooled(max_running=...)); choose another name."
+            )
+    return name
+
+
 #: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
-CALL_OPTIONS = frozenset({"priority", "queue_timeout", "worker", "fairness_key"})
-#: Longest fairness key (the column's length).
-FAIRNESS_KEY_MAX = 255
-#: A fairness key: a string (or an int, kept as its decimal string), or a callable of the
-#: task's arguments returning one.
-FairnessKey = str | int | Callable[..., Any] | None
+CALL_OPTIONS = frozenset(
+    {
+        "priority",
+        "queue_timeout",
+        "worker",
+        "concurrency_policy",
+        "job_key",
+        "idempotency_key",
+        "fairness_key",
+    }
+)
+#: Concurrency policies (``pools.models.ConcurrencyPolicy``; listed here, which imports no model).
+POLICIES = ("allow", "forbid", "replace", "skip")
+#: Longest job key or idempotency key (the columns hold 255 characters with the task name).
+MAX_KEY_LENGTH = 200
+
+#: A job key or idempotency key: a fixed string (per call) or a callable of the task's
+#: arguments (``@pooled``) returning one (or None: no key for that call).
+KeySource = Callable[..., object] | str | None
 
 
 def validate_pool_name(name: object) -> str:
@@ -45,6 +101,86 @@ def validate_worker(value: object) -> str:
     return value
 
 
+def is_pattern(name: str) -> bool:
+    """True for a per-key pool name pattern such as ``"tenant:{tenant_id}"``."""
+    return "{" in name or "}" in name
+
+
+def pattern_fields(pattern: str) -> list[str]:
+    """The argument names a pattern is formatted from, in order; raises if it is malformed."""
+    try:
+        parsed = list(string.Formatter().parse(pattern))
+    except ValueError as exc:
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: {exc}. Write it as 'tenant:{{tenant_id}}'."
+        ) from None
+    names = []
+    for _literal, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise PoolConfigurationError(
+                f"Invalid pool name pattern {pattern!r}: each {{...}} must be a plain argument "
+                f"name such as {{tenant_id}} (no index, attribute, conversion or format spec)."
+            )
+        names.append(name)
+    return names
+
+
+def validate_pool_pattern(pattern: object) -> str:
+    """Return ``pattern`` if it is a valid per-key pool name pattern, else raise."""
+    if not isinstance(pattern, str) or not is_pattern(pattern):
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: it needs at least one {{argument}}, "
+            f"e.g. 'tenant:{{tenant_id}}'."
+        )
+    names = pattern_fields(pattern)
+    if not names:
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: it needs at least one {{argument}}, "
+            f"e.g. 'tenant:{{tenant_id}}'."
+        )
+    sample = pattern.format(**{n: "x" for n in names})
+    if not POOL_NAME_RE.match(sample):
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: once formatted it must be a valid pool "
+            f"name (letters, digits and '_ . : -', starting with a letter or digit)."
+        )
+    return pattern
+
+
+def validate_pool_name_or_pattern(name: object) -> str:
+    """A pool name, or a per-key pattern (``"tenant:{tenant_id}"``), checked."""
+    if isinstance(name, str) and is_pattern(name):
+        return validate_pool_pattern(name)
+    return validate_pool_name(name)
+
+
+def format_pool_name(pattern: str, values: Mapping[str, Any], *, task: str = "") -> str:
+    """The pool name ``pattern`` gives for a call's argument ``values``.
+
+    Raises :class:`~pools.exceptions.PoolKeyError` for a missing argument or a value that
+    does not make a valid pool name.
+    """
+    from pools.exceptions import PoolKeyError
+
+    what = f"task {task!r}" if task else "the task"
+    missing = [n for n in pattern_fields(pattern) if n not in values]
+    if missing:
+        raise PoolKeyError(
+            f"Pool {pattern!r} of {what} is named from argument(s) {', '.join(missing)}, "
+            f"which the call does not pass. Pass {missing[0]}=... (by name or position)."
+        )
+    name = pattern.format(**{n: values[n] for n in pattern_fields(pattern)})
+    if not POOL_NAME_RE.match(name):
+        raise PoolKeyError(
+            f"Pool {pattern!r} of {what} formats to {name!r}, which is not a valid pool name "
+            f"(1-100 letters, digits and '_ . : -', starting with a letter or digit). Pass "
+            f"another value or change the pattern."
+        )
+    return name
+
+
 def validate_slots(value: object, *, what: str) -> int:
     """Return ``value`` if it is a positive integer, else raise with ``what`` in the message."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -55,7 +191,8 @@ def validate_slots(value: object, *, what: str) -> int:
 def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str, int]:
     """Turn ``"warehouse"`` + ``slots`` or ``{"warehouse": 1, "api": 2}`` into a checked dict."""
     if isinstance(pools, str):
-        return {validate_pool_name(pools): validate_slots(slots, what=f"slots for pool {pools!r}")}
+        name = refuse_reserved(validate_pool_name_or_pattern(pools))
+        return {name: validate_slots(slots, what=f"slots for pool {pools!r}")}
     if isinstance(pools, Mapping):
         if not pools:
             raise PoolConfigurationError("A pooled task must name at least one pool.")
@@ -65,7 +202,9 @@ def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str
                 "@pooled({'warehouse': 2, 'partner-api': 1})."
             )
         return {
-            validate_pool_name(name): validate_slots(n, what=f"slots for pool {name!r}")
+            refuse_reserved(validate_pool_name_or_pattern(name)): validate_slots(
+                n, what=f"slots for pool {name!r}"
+            )
             for name, n in sorted(pools.items())
         }
     raise PoolConfigurationError(
@@ -79,24 +218,6 @@ def _validate_priority(value: object) -> int:
     return value
 
 
-def validate_fairness_key(value: object, *, what: str = "fairness_key") -> str:
-    """A fairness key as stored: a string of at most 255 characters (an int as its digits)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str) or len(value) > FAIRNESS_KEY_MAX or "\x00" in value:
-        raise PoolConfigurationError(
-            f"{what} must be a string of at most {FAIRNESS_KEY_MAX} characters (a tenant id, "
-            f"say) or an int, got {value!r}."
-        )
-    return value
-
-
-def _validate_fairness_spec(value: object) -> FairnessKey:
-    if value is None or callable(value):
-        return value
-    return validate_fairness_key(value)
-
-
 def _validate_timeout(value: object) -> float | None:
     if value is None:
         return None
@@ -105,6 +226,69 @@ def _validate_timeout(value: object) -> float | None:
             f"queue_timeout must be a positive number of seconds or None, got {value!r}."
         )
     return float(value)
+
+
+def validate_policy(value: object) -> str:
+    """Return ``value`` if it is a concurrency policy, else raise ``PoolConfigurationError``."""
+    if not isinstance(value, str) or value not in POLICIES:
+        raise PoolConfigurationError(
+            f"concurrency_policy must be one of {', '.join(POLICIES)}, got {value!r}."
+        )
+    return value
+
+
+def validate_key(value: object, *, what: str) -> str:
+    """Return ``value`` if it is a usable job or idempotency key (non-empty text, at most
+    :data:`MAX_KEY_LENGTH` characters), else raise ``PoolConfigurationError``."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_KEY_LENGTH:
+        raise PoolConfigurationError(
+            f"{what} must be a non-empty string of at most {MAX_KEY_LENGTH} characters, "
+            f"got {value!r}."
+        )
+    return value
+
+
+def validate_fairness_key(value: object, *, what: str = "fairness_key") -> str:
+    """A fairness key as stored (strategy ``fair``): non-empty text of at most
+    :data:`MAX_KEY_LENGTH` characters; an int is kept as its digits."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return validate_key(value, what=what)
+
+
+def _validate_fairness_source(value: object) -> KeySource:
+    if value is None or callable(value):
+        return value
+    return validate_fairness_key(value)
+
+
+def _validate_key_source(value: object, *, what: str) -> KeySource:
+    if value is None or callable(value):
+        return value
+    return validate_key(value, what=what)
+
+
+def resolve_key(source: KeySource, args: object, kwargs: object, *, what: str) -> str | None:
+    """The key of one call: the string itself, or what the callable returns for the call's
+    arguments (``None`` means no key). A bad result raises ``PoolConfigurationError``."""
+    if source is None:
+        return None
+    if isinstance(source, str):
+        return source
+    call_args = list(args) if isinstance(args, list | tuple) else []
+    call_kwargs = dict(kwargs) if isinstance(kwargs, Mapping) else {}
+    try:
+        value = source(*call_args, **call_kwargs)
+    except Exception as exc:
+        raise PoolConfigurationError(
+            f"The {what} callable {getattr(source, '__qualname__', source)!r} failed for this "
+            f"call: {type(exc).__name__}: {exc}. It receives the task's args and kwargs."
+        ) from exc
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    return validate_key(value, what=f"The value of the {what} callable")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,9 +303,24 @@ class PoolSpec:
     queue_timeout: float | None = None
     #: Node affinity (per call): the Celery hostname (``w1@host``) that alone may run it.
     worker: str = ""
-    #: Whom a call is fair to in pools with strategy ``fair``: a string, or a callable of
-    #: the task's arguments returning one (resolved per call, :meth:`for_call`).
-    fairness_key: FairnessKey = None
+    #: What a new entry does while another entry of the same job waits or runs.
+    concurrency_policy: str = "allow"
+    #: Distinguishes jobs of one task ("same job" = task name + key; beat fires: the periodic
+    #: task's name). A callable of the task's arguments (decorator) or a string (per call).
+    job_key: KeySource = None
+    #: A submit whose key matches an unfinished entry returns that entry: a callable of the
+    #: task's arguments (decorator) or a string (per call).
+    idempotency_key: KeySource = None
+    #: Whom a call is fair to in pools with strategy ``fair`` (a tenant id, say): a callable
+    #: of the task's arguments (decorator) or a string (per call); resolved by the gate.
+    fairness_key: KeySource = None
+    #: For a spec resolved from per-key patterns: ``{pool name: the pattern it came from}``.
+    templates: dict[str, str] = field(default_factory=dict)
+    #: Task cap: at most this many calls of the task admitted at once (pool
+    #: ``task-cap:<task name>``, added by the gate, which knows the name). ``None``: no cap.
+    max_running: int | None = None
+    #: For a spec with its caps added: ``{cap pool name: its capacity}`` (made on first use).
+    caps: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Check a spec however it was made (``build``, ``replace`` or by hand).
@@ -129,56 +328,89 @@ class PoolSpec:
         Nothing reaches admission with a bad name, non-positive or non-integer slots, or a
         demand out of lock order.
         """
-        if not isinstance(self.demand, Mapping) or not self.demand:
+        if self.max_running is not None:
+            validate_slots(self.max_running, what="max_running")
+        if not isinstance(self.demand, Mapping) or not (self.demand or self.max_running):
             raise PoolConfigurationError(
-                f"A pool demand must be a non-empty {{pool: slots}} dict, got {self.demand!r}."
+                f"A pool demand must be a non-empty {{pool: slots}} dict, got {self.demand!r} "
+                f"(or give max_running=N alone for a task cap)."
             )
         for name, slots in self.demand.items():
-            validate_slots(slots, what=f"slots for pool {validate_pool_name(name)!r}")
+            checked = validate_pool_name_or_pattern(name)
+            validate_slots(slots, what=f"slots for pool {checked!r}")
         _validate_priority(self.priority)
         _validate_timeout(self.queue_timeout)
-        object.__setattr__(self, "fairness_key", _validate_fairness_spec(self.fairness_key))
+        validate_policy(self.concurrency_policy)
+        _validate_key_source(self.job_key, what="job_key")
+        _validate_key_source(self.idempotency_key, what="idempotency_key")
+        object.__setattr__(self, "fairness_key", _validate_fairness_source(self.fairness_key))
         if list(self.demand) != sorted(self.demand) or not isinstance(self.demand, dict):
             object.__setattr__(self, "demand", dict(sorted(self.demand.items())))
 
     @classmethod
     def build(
         cls,
-        pools: str | Mapping[str, int],
+        pools: str | Mapping[str, int] | None,
         slots: int = 1,
         *,
         priority: int = 0,
         queue_timeout: float | None = None,
-        fairness_key: FairnessKey = None,
+        concurrency_policy: str = "allow",
+        job_key: KeySource = None,
+        idempotency_key: KeySource = None,
+        max_running: int | None = None,
+        fairness_key: KeySource | int = None,
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec."""
+        if max_running is not None:
+            max_running = validate_slots(max_running, what="max_running")
+        if pools is None and max_running is None:
+            raise PoolConfigurationError(
+                "@pooled needs a pool name, a {pool: slots} dict, or max_running=N (a task cap)."
+            )
         return cls(
-            demand=normalize_demand(pools, slots),
+            demand={} if pools is None else normalize_demand(pools, slots),
+            max_running=max_running,
             priority=_validate_priority(priority),
             queue_timeout=_validate_timeout(queue_timeout),
-            fairness_key=_validate_fairness_spec(fairness_key),
+            concurrency_policy=validate_policy(concurrency_policy),
+            job_key=_validate_key_source(job_key, what="job_key"),
+            idempotency_key=_validate_key_source(idempotency_key, what="idempotency_key"),
+            fairness_key=_validate_fairness_source(fairness_key),
         )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:
         """Build from a settings mapping ``{"pools": ..., "slots": ..., "priority": ...}``."""
-        unknown = set(data) - {"pools", "slots", "priority", "queue_timeout", "fairness_key"}
-        if unknown or "pools" not in data:
+        allowed = {
+            "pools",
+            "slots",
+            "priority",
+            "queue_timeout",
+            "concurrency_policy",
+            "max_running",
+            "fairness_key",
+        }
+        unknown = set(data) - allowed
+        if unknown or not ("pools" in data or "max_running" in data):
             raise PoolConfigurationError(
-                f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required), "
-                f"'slots', 'priority', 'queue_timeout', 'fairness_key'."
+                f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required "
+                f"unless 'max_running' is given), 'slots', 'priority', 'queue_timeout', "
+                f"'concurrency_policy', 'max_running', 'fairness_key'."
             )
-        key = data.get("fairness_key")
         return cls.build(
-            data["pools"],
+            data.get("pools"),
             data.get("slots", 1),
+            max_running=data.get("max_running"),
             priority=data.get("priority", 0),
             queue_timeout=data.get("queue_timeout"),
-            fairness_key=None if key is None else validate_fairness_key(key),
+            concurrency_policy=data.get("concurrency_policy", "allow"),
+            fairness_key=data.get("fairness_key"),
         )
 
     def with_call_options(self, options: Mapping[str, Any] | None) -> PoolSpec:
-        """Apply a call's ``pool_options`` (``priority``, ``queue_timeout``) to this spec."""
+        """Apply a call's ``pool_options`` to this spec (``priority``, ``queue_timeout``,
+        ``concurrency_policy``, and ``job_key`` / ``idempotency_key`` as strings)."""
         if not options:
             return self
         if not isinstance(options, Mapping):
@@ -197,38 +429,66 @@ class PoolSpec:
             changes["queue_timeout"] = _validate_timeout(options["queue_timeout"])
         if "worker" in options:
             changes["worker"] = validate_worker(options["worker"])
+        if "concurrency_policy" in options:
+            changes["concurrency_policy"] = validate_policy(options["concurrency_policy"])
+        for name in ("job_key", "idempotency_key"):
+            if name in options:  # per call: the key itself (None: no key for this call)
+                value = options[name]
+                changes[name] = None if value is None else validate_key(value, what=name)
         if "fairness_key" in options:
-            changes["fairness_key"] = validate_fairness_key(
-                options["fairness_key"], what="pool_options['fairness_key']"
+            value = options["fairness_key"]
+            changes["fairness_key"] = (
+                None
+                if value is None
+                else validate_fairness_key(value, what="pool_options['fairness_key']")
             )
         return replace(self, **changes)
-
-    def for_call(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> PoolSpec:
-        """This spec with its fairness key resolved for one call (a callable is called with
-        the call's arguments). Raises ``PoolConfigurationError`` when it fails."""
-        key = self.fairness_key
-        if not callable(key):
-            return self
-        try:
-            value = key(*(args or ()), **(kwargs or {}))
-        except Exception as exc:
-            raise PoolConfigurationError(
-                f"The fairness_key callable {getattr(key, '__name__', key)!r} failed on the call's "
-                f"arguments ({type(exc).__name__}: {exc}); it receives the task's own "
-                f"arguments, e.g. fairness_key=lambda tenant_id, **kw: tenant_id."
-            ) from exc
-        return replace(
-            self,
-            fairness_key=validate_fairness_key(value, what="the fairness_key callable's result"),
-        )
-
-    @property
-    def fairness(self) -> str:
-        """The resolved fairness key of a call ("" when none, or not resolved yet)."""
-        key = self.fairness_key
-        return key if isinstance(key, str) else ""
 
     @property
     def pools(self) -> list[str]:
         """Pool names in lock order."""
         return list(self.demand)
+
+    def with_task_cap(self, task: str) -> PoolSpec:
+        """This spec with its task cap's pool in the demand (one slot per call)."""
+        if self.max_running is None:
+            return self
+        name = cap_pool_name(TASK_CAP_PREFIX, task)
+        return replace(
+            self,
+            demand={**self.demand, name: 1},
+            caps={**self.caps, name: self.max_running},
+        )
+
+    def with_run_cap(self, pool: str) -> PoolSpec:
+        """This spec with the run cap's pool ``pool`` (existing) in the demand."""
+        return replace(self, demand={**self.demand, pool: 1})
+
+    @property
+    def patterns(self) -> list[str]:
+        """The per-key patterns among the pools (``"tenant:{tenant_id}"``)."""
+        return [name for name in self.demand if is_pattern(name)]
+
+    def resolve(self, values: Mapping[str, Any], *, task: str = "") -> PoolSpec:
+        """This spec with every per-key pattern formatted from a call's argument ``values``.
+
+        Raises :class:`~pools.exceptions.PoolKeyError` when an argument is missing, a value
+        makes an invalid name, or two pools of the demand end up with the same name.
+        """
+        if not self.patterns:
+            return self
+        from pools.exceptions import PoolKeyError
+
+        demand: dict[str, int] = {}
+        templates: dict[str, str] = {}
+        for name, slots in self.demand.items():
+            resolved = format_pool_name(name, values, task=task) if is_pattern(name) else name
+            if resolved in demand:
+                raise PoolKeyError(
+                    f"Pools {sorted(self.demand)} of {task or 'the task'} name pool "
+                    f"{resolved!r} twice for this call; give the per-key pool a distinct prefix."
+                )
+            demand[resolved] = slots
+            if resolved != name:
+                templates[resolved] = name
+        return replace(self, demand=demand, templates=templates)

@@ -22,7 +22,7 @@ from celery.local import PromiseProxy, Proxy
 
 from pools.celery import worker
 from pools.exceptions import PoolConfigurationError
-from pools.specs import FairnessKey, PoolSpec
+from pools.specs import KeySource, PoolSpec
 
 T = TypeVar("T")
 
@@ -31,23 +31,45 @@ SPEC_ATTR = "__pooled__"
 
 
 def pooled(
-    pools: str | Mapping[str, int],
+    pools: str | Mapping[str, int] | None = None,
     slots: int = 1,
     *,
     priority: int = 0,
     queue_timeout: float | None = None,
-    fairness_key: FairnessKey = None,
+    concurrency_policy: str = "allow",
+    job_key: KeySource = None,
+    idempotency_key: KeySource = None,
+    max_running: int | None = None,
+    fairness_key: KeySource | int = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by one or more named resource pools.
 
     ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
     ``@pooled({"warehouse": 1, "partner-api": 1})``. Arguments are checked now;
     a bad one raises :class:`~pools.exceptions.PoolConfigurationError` at import.
+
+    ``concurrency_policy`` (``allow``, ``forbid``, ``replace``, ``skip``) says what a new
+    entry does while another entry of the same job waits or runs; ``job_key`` (a callable
+    of the task's arguments) tells jobs of one task apart; ``idempotency_key`` (a callable
+    of the task's arguments) makes a submit whose key matches an unfinished entry return
+    that entry's result instead of queueing another.
+
+    ``max_running=N`` is a task cap: at most N calls of this task admitted at once, across
+    every worker, with or without named pools (``@pooled(max_running=3)``); it is checked
+    before the named pools. See :func:`pools.limit_run` for a cap over a whole workflow.
     ``fairness_key`` (a string, or a callable of the task's arguments) says whom a call is
     fair to in pools with strategy ``fair``.
     """
     spec = PoolSpec.build(
-        pools, slots, priority=priority, queue_timeout=queue_timeout, fairness_key=fairness_key
+        pools,
+        slots,
+        priority=priority,
+        queue_timeout=queue_timeout,
+        concurrency_policy=concurrency_policy,
+        job_key=job_key,
+        idempotency_key=idempotency_key,
+        max_running=max_running,
+        fairness_key=fairness_key,
     )
 
     def decorate(obj: T) -> T:

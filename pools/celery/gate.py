@@ -11,9 +11,11 @@ and a ``pools_claim`` header (``"<entry id>:<fencing token>"``).
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,14 +27,82 @@ from django.db import connection
 from django.utils import timezone
 
 from pools import conf
-from pools.celery import messages, refusals, results
+from pools.celery import caps, messages, refusals, results
 from pools.celery.decorators import gate_task, spec_of
 from pools.celery.messages import ADMITTED_OPTION, CALL_OPTION, CLAIM_HEADER, ORIGIN_OPTION
-from pools.core import admission
-from pools.core.records import Admission, Finished, Submission
-from pools.exceptions import PoolConfigurationError, PoolUnavailable
-from pools.models import Origin
-from pools.specs import PoolSpec
+from pools.core import admission, definitions
+from pools.core.locking import unavailable_on_error
+from pools.core.records import Admission, Enqueued, Finished, Submission
+from pools.exceptions import PoolConfigurationError, PoolUnavailable, UnknownPool
+from pools.models import ConcurrencyPolicy, Origin, QueueEntry
+from pools.specs import PoolSpec, resolve_key
+
+#: Prefix of the idempotency key a ``skip`` entry takes for its job.
+SKIP_KEY_PREFIX = "job:"
+
+
+@dataclass(frozen=True)
+class JobFields:
+    """A call's job, concurrency policy and idempotency key (SPEC §7)."""
+
+    job: str = ""
+    policy: str = ConcurrencyPolicy.ALLOW.value
+    idempotency_key: str | None = None
+    #: Whom the call is fair to in pools with strategy ``fair`` ("" when none).
+    fairness_key: str = ""
+
+
+def job_fields(name: str, args: Any, kwargs: Any, spec: PoolSpec, headers: Any) -> JobFields:
+    """The job (what "same job" means for policies) and the keys of one call.
+
+    The job is the periodic task's name for beat fires and manual starts, else the task
+    name plus its job key; it is recorded when there is a key or a policy other than
+    ``allow`` (and for every beat fire: a newer fire supersedes the job's queued retries,
+    and a changed periodic task cancels its waiting fires). ``skip`` takes its job as
+    idempotency key when the call has none of its own.
+    """
+    periodic = refusals.periodic_name(headers)
+    key = resolve_key(spec.job_key, args, kwargs, what="job_key")
+    policy = spec.concurrency_policy
+    if periodic:
+        job = periodic
+    elif key is not None:
+        job = f"{name}:{key}"
+    elif policy != ConcurrencyPolicy.ALLOW:
+        job = name
+    else:
+        job = ""
+    if len(job) > 255:
+        raise PoolConfigurationError(
+            f"The job name {job[:60]!r}... is longer than 255 characters: use a shorter job_key."
+        )
+    idempotency = resolve_key(spec.idempotency_key, args, kwargs, what="idempotency_key")
+    if idempotency is None and policy == ConcurrencyPolicy.SKIP:
+        idempotency = f"{SKIP_KEY_PREFIX}{job}"[:255]
+    fairness = resolve_key(spec.fairness_key, args, kwargs, what="fairness_key")
+    return JobFields(
+        job=job, policy=policy, idempotency_key=idempotency, fairness_key=fairness or ""
+    )
+
+
+class ExistingEntry(Exception):
+    """Raised through ``send_task`` when the submit matched an unfinished entry."""
+
+    def __init__(self, enqueued: Enqueued, fields: JobFields) -> None:
+        super().__init__(enqueued.key)
+        self.enqueued = enqueued
+        self.fields = fields
+
+    def reason(self) -> str:
+        """``skipped: <job> is already waiting|running`` (or the idempotency key's)."""
+        state = "waiting" if self.enqueued.existing_state == "waiting" else "running"
+        if (
+            self.fields.policy == ConcurrencyPolicy.SKIP
+            and self.fields.idempotency_key == (f"{SKIP_KEY_PREFIX}{self.fields.job}"[:255])
+        ):
+            return f"skipped: {self.fields.job} is already {state}"
+        return f"skipped: idempotency key {self.fields.idempotency_key} is already {state}"
+
 
 logger = logging.getLogger("pools.celery.gate")
 
@@ -69,6 +139,71 @@ def _install_revoke_hook() -> None:
     control.Control.revoke = revoke  # type: ignore[method-assign]
 
 
+#: Tasks gated on this worker only for the implicit default pool: whether a call of one
+#: is pooled depends on the queue it is routed to (:func:`default_spec`), not on the task.
+DEFAULT_GATED: set[str] = set()
+
+#: Task name prefixes never put in the default pool (Celery's own and this app's tasks).
+NEVER_DEFAULT = ("celery.", "pools.")
+
+
+def default_spec(
+    app: Celery, name: str, args: Any, kwargs: Any, options: dict[str, Any]
+) -> PoolSpec | None:
+    """The default pool's spec for a call of a task without ``@pooled``, if it applies.
+
+    It applies when ``POOLS['DEFAULT_POOL']`` is on and Celery's router sends the call to
+    one of its queues (routing as ``send_task`` will do it: ``queue`` option, task routes,
+    the default queue).
+    """
+    default = definitions.default_pool()
+    if default is None or name.startswith(NEVER_DEFAULT):
+        return None
+    return (
+        PoolSpec.build(default.name, 1)
+        if _routed_queue(app, name, args, kwargs, options) in default.queues
+        else None
+    )
+
+
+def _routed_queue(app: Celery, name: str, args: Any, kwargs: Any, options: dict[str, Any]) -> str:
+    routed = app.amqp.router.route(
+        {k: v for k, v in options.items() if k in ("queue", "exchange", "routing_key")},
+        name,
+        args or (),
+        kwargs or {},
+        options.get("task_type"),
+    )
+    queue = routed.get("queue")
+    return str(getattr(queue, "name", queue) or app.conf.task_default_queue)
+
+
+def is_default_queue(queue: str) -> bool:
+    """True if deliveries from ``queue`` must hold a claim of the default pool."""
+    default = definitions.default_pool()
+    return default is not None and queue in default.queues
+
+
+def pool_default_tasks(app: Celery) -> list[str]:
+    """Gate every local task without a spec for the default pool (worker side).
+
+    The body then runs only under a claim when its delivery comes from a default-pool
+    queue (:func:`pools.celery.worker.run_gated` asks :func:`is_default_queue`); from
+    another queue it runs as before.
+    """
+    default = definitions.default_pool()
+    if default is None:
+        return []
+    wrapped = []
+    for name, task in list(app.tasks.items()):
+        if name.startswith(NEVER_DEFAULT) or spec_of(task) is not None:
+            continue
+        gate_task(task, PoolSpec.build(default.name, 1))
+        DEFAULT_GATED.add(name)
+        wrapped.append(name)
+    return wrapped
+
+
 def pool_declared_tasks(app: Celery) -> list[str]:
     """Gate the local tasks named in ``POOLS['TASKS']`` that lack the decorator (worker side).
 
@@ -99,6 +234,8 @@ def _gate_declared_tasks(sender: Any = None, **kwargs: Any) -> None:
         app.loader.import_default_modules()
         for name in pool_declared_tasks(app):
             logger.info("Task %s is pooled by POOLS['TASKS']", name)
+        for name in pool_default_tasks(app):
+            logger.debug("Task %s is pooled by POOLS['DEFAULT_POOL'] on its queues", name)
 
 
 def _similar(name: str, names: Any) -> list[str]:
@@ -119,6 +256,8 @@ def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:
             app.finalize(auto=True)
             task_type = app._tasks.get(name)  # type: ignore[attr-defined]
     spec = spec_of(task_type) if task_type is not None else None
+    if spec is not None and name in DEFAULT_GATED:
+        spec = None  # gated here for the default pool only: decided by the call's queue
     if spec is None:
         declared = conf.get().TASKS.get(name)
         if declared is not None:
@@ -136,20 +275,34 @@ def _gated_send_task(
     origin = options.pop(ORIGIN_OPTION, None)
     spec = spec_for(self, name, options.get("task_type"))
     if spec is None:
+        spec = default_spec(self, name, args, kwargs, options)
+    if spec is None:
         if call_options:
             raise PoolConfigurationError(
                 f"pool_options given for task {name!r}, which is not pooled. Decorate it with "
                 f"@pooled or list it in POOLS['TASKS']."
             )
         return _original_send_task(self, name, args, kwargs, **options)
-    spec = spec.with_call_options(call_options).for_call(args, kwargs)
+    spec = spec.with_call_options(call_options)
     if spec.worker:
         _route_to_worker(self, spec.worker, options)
     beat_fire = refusals.is_beat_fire(options.get("headers"), origin)
     if beat_fire and not options.get("task_id"):
         options["task_id"] = uuid()  # what send_task would pick: the id of a dropped fire
     try:
-        return _submit(self, name, args, kwargs, spec, options, origin)
+        if spec.patterns:
+            values = call_arguments(self, name, options.get("task_type"), args, kwargs)
+            spec = spec.resolve(values, task=name)
+        spec = spec.with_task_cap(name)
+        # In the try: a failing job_key / idempotency_key callable drops a beat fire too.
+        fields = job_fields(name, args, kwargs, spec, options.get("headers"))
+        return _submit(self, name, args, kwargs, spec, options, origin, fields)
+    except ExistingEntry as existing:
+        # Nothing was queued: the caller gets the unfinished entry's result.
+        if beat_fire:
+            job = refusals.job_name(options.get("headers"), name)
+            refusals.warn_skipped(job, ", ".join(spec.pools), existing.reason())
+        return self.AsyncResult(existing.enqueued.key)
     except Exception as exc:
         refused = refusals.as_pool_error(exc, name)
         if refused is None:
@@ -182,6 +335,35 @@ def _route_to_worker(app: Celery, worker: str, options: dict[str, Any]) -> None:
     options["declare"] = []
 
 
+def call_arguments(
+    app: Celery, name: str, task_type: Any, args: Any, kwargs: Any
+) -> dict[str, Any]:
+    """A call's arguments by parameter name, to format per-key pool names from.
+
+    Positional arguments are bound to the task's parameter names (defaults included);
+    keyword arguments count as given. Without the task (``send_task`` by name from a
+    process that does not import it) only keyword arguments are known.
+    """
+    values: dict[str, Any] = dict(kwargs or {})
+    task = task_type if task_type is not None else app._tasks.get(name)  # type: ignore[attr-defined]
+    run = getattr(task, "run", None)
+    if run is None:
+        return values
+    try:
+        signature = inspect.signature(run)
+        bound = signature.bind_partial(*(args or ()), **(kwargs or {}))
+    except (TypeError, ValueError):  # no signature, or a call that does not fit it
+        return values
+    bound.apply_defaults()
+    for param_name, value in bound.arguments.items():
+        kind = signature.parameters[param_name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            values.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            values[param_name] = value
+    return values
+
+
 def _submit(
     app: Celery,
     name: str,
@@ -190,6 +372,7 @@ def _submit(
     spec: PoolSpec,
     options: dict[str, Any],
     origin: Origin | None = None,
+    fields: JobFields | None = None,
 ) -> Any:
     """Let Celery build the message as it would publish it, and put it in line instead.
 
@@ -205,7 +388,7 @@ def _submit(
         options["headers"] = {k: v for k, v in headers.items() if k != CLAIM_HEADER}
 
     def enqueue(message: messages.HeldMessage) -> None:
-        _enqueue_held(message, spec, origin)
+        _enqueue_held(message, spec, origin, fields or JobFields())
 
     connection = options.pop("connection", None)
     given = options.pop("producer", None) or options.pop("publisher", None)
@@ -219,22 +402,66 @@ def _submit(
         return _original_send_task(app, name, args, kwargs, producer=capture, **options)
 
 
-def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: Origin | None) -> None:
+def _enqueue_held(
+    message: messages.HeldMessage, spec: PoolSpec, origin: Origin | None, fields: JobFields
+) -> None:
     refusals.check_size(message.task_name, message.body)
     headers = message.headers
     headers.pop(CLAIM_HEADER, None)
     if origin is None:
         origin = Origin.BEAT if headers.get("periodic_task_name") else Origin.CODE
-    args, kwargs = _display(message)
-    expires = message.header_time("expires")
-    stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
-    if expires is not None:
-        stored["expires"] = expires.isoformat()
     try:
-        admission.enqueue(_submission(message, spec, origin, args, kwargs, stored, expires))
+        fields = _inherited(fields, message.task_id, int(headers.get("retries") or 0))
+        if fields.job:
+            headers[messages.JOB_HEADER] = fields.job
+        args, kwargs = _display(message)
+        expires = message.header_time("expires")
+        stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
+        if expires is not None:
+            stored["expires"] = expires.isoformat()
+        spec = caps.with_run_cap(spec, str(headers.get("root_id") or ""), message.task_id)
+        sub = _submission(message, spec, origin, args, kwargs, stored, expires, fields)
+        _ensure_pools(spec)
+        try:
+            enqueued = admission.enqueue(sub)
+        except UnknownPool as exc:
+            if exc.pool not in spec.templates and exc.pool not in spec.caps:
+                raise
+            # The sweep retired this idle per-key or cap pool between our check and now.
+            _ensure_pools(spec, again=True)
+            enqueued = admission.enqueue(sub)
     except PoolUnavailable:
         _drop_broken_connection()
         raise
+    if not enqueued.created:
+        raise ExistingEntry(enqueued, fields)
+
+
+def _inherited(fields: JobFields, task_id: str, attempt: int) -> JobFields:
+    """A retry (sent by the task, without the call's ``pool_options`` and often without
+    beat's headers) keeps the job, policy and key of the attempt that sent it."""
+    if not attempt or fields.job or fields.idempotency_key is not None:
+        return fields
+    with unavailable_on_error(f"reading entry {task_id}"):
+        row = (
+            QueueEntry.objects.filter(key=task_id)
+            .order_by("-queue_id")
+            .values_list("job", "concurrency_policy", "idempotency_key")
+            .first()
+        )
+    if row is None or not (row[0] or row[2]):
+        return fields
+    return JobFields(
+        job=row[0], policy=row[1], idempotency_key=row[2], fairness_key=fields.fairness_key
+    )
+
+
+def _ensure_pools(spec: PoolSpec, *, again: bool = False) -> None:
+    """Create the per-key pools of a resolved spec on first use (from their templates),
+    and its task cap's pool."""
+    for pool, pattern in spec.templates.items():
+        definitions.ensure_pool(pool, pattern)
+    caps.ensure_caps(spec, again=again)
 
 
 def _submission(
@@ -245,8 +472,10 @@ def _submission(
     kwargs: Any,
     stored: dict[str, Any],
     expires: datetime | None,
+    fields: JobFields | None = None,
 ) -> Submission:
     headers = message.headers
+    fields = fields or JobFields()
     return Submission(
         key=message.task_id,
         task_name=message.task_name,
@@ -261,7 +490,10 @@ def _submission(
         parent_id=str(headers.get("parent_id") or ""),
         attempt=int(headers.get("retries") or 0),
         pinned_worker=spec.worker,
-        fairness_key=spec.fairness,
+        job=fields.job,
+        concurrency_policy=fields.policy,
+        idempotency_key=fields.idempotency_key,
+        fairness_key=fields.fairness_key,
     )
 
 

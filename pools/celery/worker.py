@@ -86,6 +86,8 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         return fn(*args, **kwargs)
     parsed = claim_of(request)
     if parsed is None:
+        if not _needs_claim(task, request):
+            return fn(*args, **kwargs)
         _enqueue_unclaimed(task, request)
         raise Ignore()
     entry_id, token = parsed
@@ -156,6 +158,16 @@ def _drop_broken_connection() -> None:
         connection.close()
 
 
+def _needs_claim(task: Any, request: Any) -> bool:
+    """False for a task gated only for the default pool, delivered from another queue."""
+    from pools.celery import gate
+
+    if task.name not in gate.DEFAULT_GATED:
+        return True
+    info = getattr(request, "delivery_info", None) or {}
+    return gate.is_default_queue(str(info.get("routing_key") or ""))
+
+
 def _enqueue_unclaimed(task: Any, request: Any) -> None:
     """Turn a delivery that arrived without a claim into a waiting entry."""
     logger.warning(
@@ -201,11 +213,16 @@ def _settle_after_run(
             return
         outcome = OUTCOMES.get(state or "", "failed")
         try:
-            admission.settle(claim.entry_id, claim.token, outcome, live_lease=True)
+            settled = admission.settle(claim.entry_id, claim.token, outcome, live_lease=True)
         except Exception:
             # The keeper logs "pool <name>: retry settlement deferred" once per outage.
             logger.debug("Could not settle entry %s now", claim.entry_id, exc_info=True)
             keeper.defer_settle(claim, outcome, expires_at or claim.lease_expires_at)
+            return
+        job = getattr(getattr(sender, "request", None), messages.JOB_HEADER, None)
+        if settled and outcome == "succeeded" and job:
+            # A success of the job supersedes its queued retries (SPEC §7).
+            admission.supersede_retries(str(job), reason=f"job {job} succeeded ({task_id})")
     except Exception:
         logger.exception("Could not release entry %s; its lease will lapse", claim.entry_id)
 

@@ -62,7 +62,7 @@ def _priority_places(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("pools", "0011_admission_policies")]
+    dependencies = [("pools", "0013_audit_actor_and_template_pools")]
 
     operations = [
         migrations.AddField(

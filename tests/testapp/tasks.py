@@ -133,6 +133,99 @@ def reject_once(self: Task) -> str:
     return "second time"
 
 
+def _order_key(order_id: int, *args: Any, **kwargs: Any) -> str:
+    return f"order-{order_id}"
+
+
+@shared_task
+@pooled("warehouse", idempotency_key=_order_key)
+def ship_order(order_id: int, sleep: float = 0.0) -> int:
+    """Idempotent per order: a second submit for an unfinished order returns the first."""
+    time.sleep(sleep)
+    return order_id
+
+
+@shared_task
+@pooled("warehouse", concurrency_policy="skip")
+def skip_job(sleep: float = 0.0) -> float:
+    """A job that is not queued again while one instance waits or runs."""
+    time.sleep(sleep)
+    return time.time()
+
+
+@shared_task
+@pooled("warehouse", concurrency_policy="forbid")
+def forbid_job(n: int = 0) -> int:
+    """A job whose next instance waits (ineligible head) until the previous one finishes."""
+    return n
+
+
+@shared_task
+@pooled("tenant:{tenant_id}", slots=1)
+def tenant_job(tenant_id: str, n: int = 0) -> int:
+    """A per-key pooled task: one pool per tenant (``POOLS['TEMPLATES']`` in the test)."""
+    return n
+
+
+@shared_task
+@pooled("warehouse", concurrency_policy="replace", job_key=lambda tenant, **kw: tenant)
+def replace_job(tenant: str) -> str:
+    """Per tenant: a new entry supersedes the tenant's older waiting entries."""
+    return tenant
+
+
+@shared_task(bind=True)
+@pooled("warehouse", job_key=lambda mode, **kw: "retrying")
+def retrying_job(self: Task, mode: str) -> str:
+    """``retry``: schedules its retry a minute ahead (it waits, delayed); ``ok``: succeeds."""
+    if mode == "retry" and not self.request.retries:
+        raise self.retry(countdown=60, max_retries=1)
+    return mode
+
+
+@shared_task(bind=True)
+@pooled("warehouse", idempotency_key=lambda order_id, **kw: f"flaky-order-{order_id}")
+def flaky_order(self: Task, order_id: int) -> int:
+    """Idempotent per order; its first attempt retries (the retry keeps the key)."""
+    if not self.request.retries:
+        raise self.retry(countdown=3, max_retries=1)
+    return order_id
+
+
+@shared_task
+@pooled({"global-api": 1, "tenant:{tenant_id}": 1})
+def tenant_call(tenant_id: str, n: int = 0) -> int:
+    """A global pool plus a per-tenant pool, acquired together."""
+    return n
+
+
+# --------------------------------------------------------------------------- workflow caps
+#: Pool of the run-cap tests (made by the tests): large, so only the run cap binds.
+BULK_POOL = "bulk"
+
+
+@shared_task
+@pooled(max_running=3)
+def capped_span(i: int, sleep: float = 0.05) -> dict:
+    """A task cap alone: at most 3 calls admitted at once, no named pool."""
+    return _span(i, sleep)
+
+
+@shared_task
+@pooled("warehouse", max_running=1)
+def capped_add(x: int, y: int) -> int:
+    """A task cap of 1 composed with the named pool ``warehouse``."""
+    return x + y
+
+
+@shared_task
+@pooled(BULK_POOL)
+def run_member(i: int, sleep: float = 0.01, spawn: bool = False) -> dict:
+    """A workflow member; with ``spawn`` it starts a child task (same root id) first."""
+    child = run_member.delay(10_000 + i, sleep) if spawn else None
+    return {**_span(i, sleep), "child": child.id if child else None}
+
+
 @shared_task
 @pooled("tenants", fairness_key=lambda tenant_id, *args, **kwargs: tenant_id)
 def per_tenant(tenant_id: int, n: int = 0) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pools.exceptions import PoolConfigurationError
+from pools.exceptions import PoolConfigurationError, PoolKeyError
 from pools.specs import PoolSpec, validate_pool_name
 
 
@@ -71,27 +71,90 @@ def test_from_dict__settings_form() -> None:
         PoolSpec.from_dict({"pool": "a"})
 
 
+def test_resolve_key__callable_of_the_call_arguments() -> None:
+    from pools.specs import resolve_key
+
+    assert resolve_key(lambda a, b=0: f"k-{a}-{b}", [1], {"b": 2}, what="job_key") == "k-1-2"
+    assert resolve_key(lambda a: a, [7], {}, what="job_key") == "7"  # numbers become text
+    assert resolve_key(lambda a: None, [7], {}, what="job_key") is None  # no key this call
+    assert resolve_key("fixed", [7], {}, what="job_key") == "fixed"
+    assert resolve_key(None, [7], {}, what="job_key") is None
+
+
+def test_resolve_key__a_failing_or_bad_callable_names_itself() -> None:
+    import pytest
+
+    from pools.exceptions import PoolConfigurationError
+    from pools.specs import resolve_key
+
+    def order_key(order_id: int) -> str:
+        return f"order-{order_id}"
+
+    with pytest.raises(PoolConfigurationError, match=r"order_key.*failed for this call"):
+        resolve_key(order_key, [], {"wrong": 1}, what="idempotency_key")
+    with pytest.raises(PoolConfigurationError, match="must be a non-empty string"):
+        resolve_key(lambda: "", [], {}, what="idempotency_key")
+
+
+def test_from_dict__accepts_a_concurrency_policy() -> None:
+    from pools.specs import PoolSpec
+
+    spec = PoolSpec.from_dict({"pools": "warehouse", "concurrency_policy": "skip"})
+    assert spec.concurrency_policy == "skip"
+
+
+# --------------------------------------------------------------------------- per-key patterns
+
+
+def test_pattern__accepted_in_a_spec_and_listed_as_pattern() -> None:
+    spec = PoolSpec.build({"global": 1, "tenant:{tenant_id}": 2})
+    assert spec.patterns == ["tenant:{tenant_id}"]
+    assert PoolSpec.build("warehouse").patterns == []
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["tenant:{}", "tenant:{0}", "tenant:{t.id}", "tenant:{t!r}", "tenant:{t:>3}", "{t", "bad {t}"],
+)
+def test_pattern__malformed_is_refused_at_decoration(pattern: str) -> None:
+    with pytest.raises(PoolConfigurationError, match="pattern"):
+        PoolSpec.build(pattern)
+
+
+def test_resolve__formats_each_pattern_and_keeps_the_lock_order() -> None:
+    spec = PoolSpec.build({"b-global": 1, "a:{x}": 2, "z:{x}-{y}": 1})
+    resolved = spec.resolve({"x": "k", "y": 7})
+    assert resolved.demand == {"a:k": 2, "b-global": 1, "z:k-7": 1}
+    assert list(resolved.demand) == sorted(resolved.demand)
+    assert resolved.templates == {"a:k": "a:{x}", "z:k-7": "z:{x}-{y}"}
+    assert resolved.patterns == []
+
+
+def test_resolve__missing_argument_or_bad_value_is_a_pool_key_error() -> None:
+    spec = PoolSpec.build("tenant:{tenant_id}")
+    with pytest.raises(PoolKeyError, match="tenant_id"):
+        spec.resolve({}, task="app.job")
+    with pytest.raises(PoolKeyError, match="not a valid pool name"):
+        spec.resolve({"tenant_id": "a b"})
+    with pytest.raises(PoolKeyError, match="twice"):
+        PoolSpec.build({"t:{a}": 1, "t:{b}": 1}).resolve({"a": 1, "b": 1})
+
+
 def test_fairness_key__string_int_callable_and_per_call() -> None:
-    assert PoolSpec.build("p", fairness_key="acme").fairness == "acme"
-    assert PoolSpec.build("p", fairness_key=42).fairness == "42"
+    from pools.specs import resolve_key
+
+    assert PoolSpec.build("p", fairness_key="acme").fairness_key == "acme"
+    assert PoolSpec.build("p", fairness_key=42).fairness_key == "42"
     spec = PoolSpec.build("p", fairness_key=lambda tenant, **kw: f"t-{tenant}")
-    assert spec.fairness == ""  # a callable is resolved per call
-    assert spec.for_call((5,), {}).fairness == "t-5"
-    assert spec.with_call_options({"fairness_key": "x"}).for_call((5,), {}).fairness == "x"
-    assert PoolSpec.from_dict({"pools": "p", "fairness_key": "k"}).fairness == "k"
+    assert resolve_key(spec.fairness_key, [5], {}, what="fairness_key") == "t-5"
+    per_call = spec.with_call_options({"fairness_key": 9})
+    assert resolve_key(per_call.fairness_key, [5], {}, what="fairness_key") == "9"
+    assert PoolSpec.from_dict({"pools": "p", "fairness_key": "k"}).fairness_key == "k"
 
 
-@pytest.mark.parametrize("bad", [["a"], "x" * 256, 1.5, True])
+@pytest.mark.parametrize("bad", [["a"], "x" * 256, 1.5, True, ""])
 def test_fairness_key__rejects_what_cannot_be_stored(bad: object) -> None:
     with pytest.raises(PoolConfigurationError, match="fairness_key"):
         PoolSpec.build("p", fairness_key=bad)  # type: ignore[arg-type]
     with pytest.raises(PoolConfigurationError, match="fairness_key"):
         PoolSpec.build("p").with_call_options({"fairness_key": bad})
-
-
-def test_fairness_key__a_failing_callable_names_the_fix() -> None:
-    spec = PoolSpec.build("p", fairness_key=lambda tenant_id: tenant_id)
-    with pytest.raises(PoolConfigurationError, match="receives the task's own arguments"):
-        spec.for_call((), {"other": 1})
-    with pytest.raises(PoolConfigurationError, match="callable's result"):
-        PoolSpec.build("p", fairness_key=lambda: None).for_call((), {})
