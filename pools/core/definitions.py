@@ -342,7 +342,8 @@ def change_slots(pool: Pool, slots: int, now: datetime, *, actor: str | None = N
 
 
 def _reorder(pool: Pool, now: datetime) -> None:
-    """The pool's order changed (under its lock): new places for its backlog, and an event."""
+    """The pool's order changed on sync (under its lock): new places for its backlog, and
+    an event (:func:`update_pool` logs its own through :func:`pool_saved`)."""
     moved = strategies.rerank(pool)
     events.record_pool(
         EventKind.CAPACITY_CHANGED,
@@ -640,8 +641,8 @@ def update_pool(name: str, *, actor: str | None = None, **changes: Any) -> Pool:
             setattr(pool, key, value)
         check_order(pool.strategy, pool.aging_seconds)
         pool.save(update_fields=[*values, "updated_at"])
-        if reorder:
-            _reorder(pool, timezone.now())
+        if reorder:  # logged by pool_saved, with the actor (a "field" capacity event)
+            strategies.rerank(pool)
         if slots is not None:
             change_slots(pool, slots, timezone.now(), actor=actor)
         pool_saved(pool, old_slots=old_slots, old_paused=old_paused, actor=actor, old=old)

@@ -306,7 +306,7 @@ def test_pool_admin__strategy_and_aging_are_edited_through_the_service(
     assert Pool.objects.get(name="wh").strategy == "fifo"
     # The waiting entries took their fifo places, and the change is in the log.
     assert PoolEvent.objects.filter(
-        kind=EventKind.CAPACITY_CHANGED, pool="wh", detail__strategy="fifo"
+        kind=EventKind.CAPACITY_CHANGED, pool="wh", detail__field="strategy", detail__to="fifo"
     ).exists()
     changelist = admin_client.get(reverse("admin:pools_pool_changelist")).content.decode()
     assert "fifo" in changelist

@@ -304,3 +304,10 @@ def test_command__list_and_inspect_show_strategy_and_keys(recorder: RecordingBri
     out = StringIO()
     call_command("pools", "inspect", "fairly", stdout=out)
     assert "key=globex" in out.getvalue(), out.getvalue()
+
+
+def test_templates__per_key_pools_take_the_template_strategy(recorder: RecordingBridge) -> None:
+    templates = {"tenant:{tenant_id}": {"slots": 1, "strategy": "fair"}}
+    with override_settings(POOLS={**settings.POOLS, "TEMPLATES": templates}):
+        pool = definitions.ensure_pool("tenant:acme", "tenant:{tenant_id}")
+    assert (pool.strategy, pool.aging_seconds) == ("fair", None)
