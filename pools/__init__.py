@@ -79,6 +79,7 @@ def pooled(
     job_key: KeySource = None,
     idempotency_key: KeySource = None,
     max_running: int | None = None,
+    fairness_key: KeySource | int = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`.
 
@@ -87,6 +88,8 @@ def pooled(
     ``concurrency_policy`` (``allow``, ``forbid``, ``replace``, ``skip``), ``job_key`` and
     ``idempotency_key`` (callables of the task's arguments): see the job policies how-to.
     ``max_running=N``: a task cap, at most N calls of the task admitted at once.
+    ``fairness_key`` (a string, or a callable of the task's arguments): whom a call is
+    fair to in pools with strategy ``fair``.
     """
     from pools.celery.decorators import pooled as _pooled
 
@@ -99,6 +102,7 @@ def pooled(
         job_key=job_key,
         idempotency_key=idempotency_key,
         max_running=max_running,
+        fairness_key=fairness_key,
     )
 
 

@@ -6,6 +6,7 @@ Rows are changed only by the service modules (:mod:`pools.core.admission`,
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -77,6 +78,15 @@ class PausedPolicy(models.TextChoices):
     REJECT = "reject", _("reject it")
 
 
+class Strategy(models.TextChoices):
+    """The order in which a pool admits its waiting entries (docs/concepts/fairness.md)."""
+
+    PRIORITY = "priority", _("priority, then first come first served")
+    FIFO = "fifo", _("first come first served")
+    LIFO = "lifo", _("last come first served")
+    FAIR = "fair", _("round robin across fairness keys")
+
+
 class Origin(models.TextChoices):
     """Where a submission came from."""
 
@@ -137,6 +147,26 @@ class Pool(models.Model):
         db_default=PausedPolicy.QUEUE,
         help_text=_("What a submit does while the pool is paused."),
     )
+    strategy = models.CharField(
+        _("strategy"),
+        max_length=8,
+        choices=Strategy.choices,
+        default=Strategy.PRIORITY,
+        db_default=Strategy.PRIORITY,
+        help_text=_("The order in which waiting entries are admitted."),
+    )
+    aging_seconds = models.PositiveIntegerField(
+        _("aging seconds"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text=_(
+            "Strategy 'priority' only: a waiting entry gains one priority level per this many "
+            "seconds waited. Empty means no aging."
+        ),
+    )
+    #: Strategy ``fair``: the highest round of an admitted entry (under this row's lock).
+    fair_round = models.BigIntegerField(_("fair round"), default=0, db_default=0, editable=False)
     #: Removed from POOLS['DEFINITIONS'] while it still held or queued work: deleted once empty.
     retiring = models.BooleanField(_("retiring"), default=False, db_default=False, editable=False)
     #: Slots held by this pool's admitted and running entries: changed only under this
@@ -178,6 +208,17 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.slots} slots)"
+
+    def clean(self) -> None:
+        """Aging is a rule of strategy ``priority`` (admin form validation)."""
+        if self.aging_seconds is not None and self.strategy != Strategy.PRIORITY:
+            raise ValidationError(
+                {
+                    "aging_seconds": _(
+                        "Aging applies to strategy 'priority' only: clear it or use 'priority'."
+                    )
+                }
+            )
 
 
 class QueueEntry(models.Model):
@@ -237,6 +278,10 @@ class QueueEntry(models.Model):
     #: Node affinity: the worker (Celery hostname) that alone may run this entry.
     pinned_worker = models.CharField(
         _("pinned worker"), max_length=255, blank=True, default="", db_default=""
+    )
+    #: Who the entry is fair to in pools with strategy ``fair`` (a tenant id, say).
+    fairness_key = models.CharField(
+        _("fairness key"), max_length=255, blank=True, default="", db_default=""
     )
     #: ``idempotency_key`` while the entry is waiting, admitted or running, else NULL: a
     #: stored generated column with a plain unique index (NULLs never collide), so the
@@ -316,11 +361,19 @@ class QueueEntry(models.Model):
         return self.state in TERMINAL_STATES
 
 
+#: Demand states that count as "served or in line" for a fairness key's rounds (the
+#: condition of the ``pools_demand_fair_key`` index): entries that ended without running
+#: do not push their key's next round back.
+FAIR_STATES = ("waiting", "admitted", "running", "succeeded", "failed", "retried")
+
+
 class Demand(models.Model):
-    """One pool named by one entry, with the entry's ordering columns copied for the index.
+    """One pool named by one entry, with its place in that pool's line.
 
     The head of a pool is the first row of ``(pool, state='waiting')`` in
-    ``(-priority, enqueued_at, entry)`` order: one index range scan, whatever the queue length.
+    ``(line_round, line_at, entry)`` order: one index range scan, whatever the queue length.
+    The two columns are set when the row joins the line, by the pool's strategy
+    (:mod:`pools.core.strategies`): ``(-priority, enqueued_at)`` for ``priority``.
     A row whose entry is not due yet (``not_before`` ahead) is ``delayed`` with its due
     time as ``enqueued_at``: out of line until an admission pass finds it due.
     Held slots of a pool are the sum of ``slots`` over its rows in held states.
@@ -336,6 +389,14 @@ class Demand(models.Model):
     priority = models.IntegerField(default=0)
     #: When the entry joined the line: its enqueue time, or its due time (``not_before``).
     enqueued_at = models.DateTimeField()
+    #: The place in line, first column: ``-priority`` (strategy ``priority``), the round
+    #: (``fair``), minus the enqueue time in microseconds (``lifo``), else 0.
+    line_round = models.BigIntegerField(default=0, db_default=0)
+    #: The place in line, second column: ``enqueued_at``, moved ``priority * aging_seconds``
+    #: earlier under aging. Filled from ``priority`` / ``enqueued_at`` when left unset.
+    line_at = models.DateTimeField()
+    #: The entry's fairness key in a pool with strategy ``fair`` (NULL in other pools).
+    fairness_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
 
     objects = DemandQuerySet.as_manager()
 
@@ -345,8 +406,14 @@ class Demand(models.Model):
         ]
         indexes = [
             models.Index(
-                fields=["pool", "state", "-priority", "enqueued_at", "entry"],
+                fields=["pool", "state", "line_round", "line_at", "entry"],
                 name="pools_demand_line",
+            ),
+            # Strategy ``fair``: a key's latest round in a pool (its next entry's round).
+            models.Index(
+                fields=["pool", "fairness_key", "line_round"],
+                name="pools_demand_fair_key",
+                condition=models.Q(fairness_key__isnull=False, state__in=FAIR_STATES),
             ),
             # Delayed rows by due time: the next one to join the line, per pool.
             models.Index(
@@ -355,6 +422,16 @@ class Demand(models.Model):
                 condition=models.Q(state=DELAYED),
             ),
         ]
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        # Rows made without a strategy's place (tests, bulk loads) get the priority order.
+        # Read from __dict__: a deferred field of a loaded row is absent (no query here).
+        values = self.__dict__
+        if "line_at" in values and values["line_at"] is None and values.get("enqueued_at"):
+            self.line_at = values["enqueued_at"]
+            if "line_round" not in kwargs and "priority" in values:
+                self.line_round = -int(values["priority"] or 0)
 
     def __str__(self) -> str:
         return f"{self.slots} of {self.pool_id} for entry {self.entry_id}"

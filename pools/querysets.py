@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     pass
 
 _HELD = ("admitted", "running")
+#: The order of a pool's line (``pools_demand_line``), for every strategy.
+LINE_ORDER = ("line_round", "line_at", "entry_id")
 
 
 class QueueEntryQuerySet(models.QuerySet[Any]):
@@ -77,10 +79,12 @@ class DemandQuerySet(models.QuerySet[Any]):
         return self.filter(state__in=_HELD)
 
     def line(self, pool_id: int) -> DemandQuerySet:
-        """The waiting line of one pool, head first (served by the ``pools_demand_line`` index)."""
-        return self.filter(pool_id=pool_id, state="waiting").order_by(
-            "-priority", "enqueued_at", "entry_id"
-        )
+        """The waiting line of one pool, head first (served by the ``pools_demand_line`` index).
+
+        One order for every strategy: the strategy set each row's place when it joined
+        (:mod:`pools.core.strategies`).
+        """
+        return self.filter(pool_id=pool_id, state="waiting").order_by(*LINE_ORDER)
 
     def held_slots(self, pool_id: int) -> int:
         """Slots held in one pool, summed from holding rows."""

@@ -63,7 +63,15 @@ def refuse_reserved(name: str, *, what: str = "Pool name") -> str:
 
 #: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
 CALL_OPTIONS = frozenset(
-    {"priority", "queue_timeout", "worker", "concurrency_policy", "job_key", "idempotency_key"}
+    {
+        "priority",
+        "queue_timeout",
+        "worker",
+        "concurrency_policy",
+        "job_key",
+        "idempotency_key",
+        "fairness_key",
+    }
 )
 #: Concurrency policies (``pools.models.ConcurrencyPolicy``; listed here, which imports no model).
 POLICIES = ("allow", "forbid", "replace", "skip")
@@ -242,6 +250,20 @@ def validate_key(value: object, *, what: str) -> str:
     return value
 
 
+def validate_fairness_key(value: object, *, what: str = "fairness_key") -> str:
+    """A fairness key as stored (strategy ``fair``): non-empty text of at most
+    :data:`MAX_KEY_LENGTH` characters; an int is kept as its digits."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return validate_key(value, what=what)
+
+
+def _validate_fairness_source(value: object) -> KeySource:
+    if value is None or callable(value):
+        return value
+    return validate_fairness_key(value)
+
+
 def _validate_key_source(value: object, *, what: str) -> KeySource:
     if value is None or callable(value):
         return value
@@ -291,6 +313,9 @@ class PoolSpec:
     #: A submit whose key matches an unfinished entry returns that entry: a callable of the
     #: task's arguments (decorator) or a string (per call).
     idempotency_key: KeySource = None
+    #: Whom a call is fair to in pools with strategy ``fair`` (a tenant id, say): a callable
+    #: of the task's arguments (decorator) or a string (per call); resolved by the gate.
+    fairness_key: KeySource = None
     #: For a spec resolved from per-key patterns: ``{pool name: the pattern it came from}``.
     templates: dict[str, str] = field(default_factory=dict)
     #: Task cap: at most this many calls of the task admitted at once (pool
@@ -320,6 +345,7 @@ class PoolSpec:
         validate_policy(self.concurrency_policy)
         _validate_key_source(self.job_key, what="job_key")
         _validate_key_source(self.idempotency_key, what="idempotency_key")
+        object.__setattr__(self, "fairness_key", _validate_fairness_source(self.fairness_key))
         if list(self.demand) != sorted(self.demand) or not isinstance(self.demand, dict):
             object.__setattr__(self, "demand", dict(sorted(self.demand.items())))
 
@@ -335,6 +361,7 @@ class PoolSpec:
         job_key: KeySource = None,
         idempotency_key: KeySource = None,
         max_running: int | None = None,
+        fairness_key: KeySource | int = None,
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec."""
         if max_running is not None:
@@ -351,6 +378,7 @@ class PoolSpec:
             concurrency_policy=validate_policy(concurrency_policy),
             job_key=_validate_key_source(job_key, what="job_key"),
             idempotency_key=_validate_key_source(idempotency_key, what="idempotency_key"),
+            fairness_key=_validate_fairness_source(fairness_key),
         )
 
     @classmethod
@@ -363,13 +391,14 @@ class PoolSpec:
             "queue_timeout",
             "concurrency_policy",
             "max_running",
+            "fairness_key",
         }
         unknown = set(data) - allowed
         if unknown or not ("pools" in data or "max_running" in data):
             raise PoolConfigurationError(
                 f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required "
                 f"unless 'max_running' is given), 'slots', 'priority', 'queue_timeout', "
-                f"'concurrency_policy', 'max_running'."
+                f"'concurrency_policy', 'max_running', 'fairness_key'."
             )
         return cls.build(
             data.get("pools"),
@@ -378,6 +407,7 @@ class PoolSpec:
             priority=data.get("priority", 0),
             queue_timeout=data.get("queue_timeout"),
             concurrency_policy=data.get("concurrency_policy", "allow"),
+            fairness_key=data.get("fairness_key"),
         )
 
     def with_call_options(self, options: Mapping[str, Any] | None) -> PoolSpec:
@@ -407,6 +437,13 @@ class PoolSpec:
             if name in options:  # per call: the key itself (None: no key for this call)
                 value = options[name]
                 changes[name] = None if value is None else validate_key(value, what=name)
+        if "fairness_key" in options:
+            value = options["fairness_key"]
+            changes["fairness_key"] = (
+                None
+                if value is None
+                else validate_fairness_key(value, what="pool_options['fairness_key']")
+            )
         return replace(self, **changes)
 
     @property

@@ -54,11 +54,12 @@ class PoolAdmin(admin.ModelAdmin):
         "paused",
         "max_queued",
         "overflow",
+        "strategy",
         "defined_in_settings",
         "retiring",
         "occupancy",
     )
-    list_filter = ("paused", "defined_in_settings", "retiring")
+    list_filter = ("paused", "strategy", "defined_in_settings", "retiring")
     search_fields = ("name",)
     actions = ["pause_pools", "resume_pools"]
 

@@ -109,7 +109,7 @@ def _heads(per_pool: int) -> dict[int, list[HeadEntry]]:
             rank=Window(
                 RowNumber(),
                 partition_by=[F("pool_id")],
-                order_by=[F("priority").desc(), F("enqueued_at").asc(), F("entry_id").asc()],
+                order_by=[F("line_round").asc(), F("line_at").asc(), F("entry_id").asc()],
             )
         )
         .filter(rank__lte=per_pool)

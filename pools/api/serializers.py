@@ -9,7 +9,7 @@ from rest_framework import serializers
 from pools.core import definitions
 from pools.core.explain import BLOCKERS
 from pools.exceptions import PoolConfigurationError
-from pools.models import OverflowPolicy, PausedPolicy, Pool
+from pools.models import OverflowPolicy, PausedPolicy, Pool, Strategy
 
 
 class ErrorSerializer(serializers.Serializer[Any]):
@@ -143,6 +143,16 @@ class PoolSnapshotSerializer(serializers.Serializer[Any]):
         choices=OverflowPolicy.choices,
         help_text="What a submit does when the backlog is at max_queued.",
     )
+    strategy = serializers.ChoiceField(
+        choices=Strategy.choices,
+        help_text="The order in which waiting entries are admitted: priority, fifo, lifo or "
+        "fair (round robin across fairness keys).",
+    )
+    aging_seconds = serializers.IntegerField(
+        allow_null=True,
+        help_text="Strategy priority: one priority level gained per this many seconds waited "
+        "(null: no aging).",
+    )
     retiring = serializers.BooleanField(
         help_text="Removed from settings while it held or queued work: deleted once empty."
     )
@@ -206,6 +216,9 @@ class EntrySerializer(serializers.Serializer[Any]):
     root_id = serializers.CharField()
     parent_id = serializers.CharField()
     reason = serializers.CharField()
+    fairness_key = serializers.CharField(
+        help_text="Whom the entry is fair to in pools with strategy fair (empty: none)."
+    )
 
 
 class ExplanationSerializer(EntrySerializer):
@@ -268,6 +281,12 @@ class PoolInputSerializer(serializers.Serializer[Any]):
     description = serializers.CharField(allow_blank=True, required=False)
     overflow = serializers.ChoiceField(choices=OverflowPolicy.choices, required=False)
     paused_policy = serializers.ChoiceField(choices=PausedPolicy.choices, required=False)
+    strategy = serializers.ChoiceField(choices=Strategy.choices, required=False)
+    aging_seconds = serializers.IntegerField(
+        allow_null=True,
+        required=False,
+        help_text="Strategy priority only: one priority level per this many seconds waited.",
+    )
 
     def validate_name(self, value: str) -> str:
         """Valid name, not taken (on create), unchanged (on update)."""
@@ -288,4 +307,9 @@ class PoolInputSerializer(serializers.Serializer[Any]):
     def validate_max_queued(self, value: int | None) -> int | None:
         """A positive integer or null (unlimited)."""
         checked: int | None = _field_check("max_queued", value)
+        return checked
+
+    def validate_aging_seconds(self, value: int | None) -> int | None:
+        """A positive integer or null (no aging)."""
+        checked: int | None = _field_check("aging_seconds", value)
         return checked

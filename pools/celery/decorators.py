@@ -40,6 +40,7 @@ def pooled(
     job_key: KeySource = None,
     idempotency_key: KeySource = None,
     max_running: int | None = None,
+    fairness_key: KeySource | int = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by one or more named resource pools.
 
@@ -56,6 +57,8 @@ def pooled(
     ``max_running=N`` is a task cap: at most N calls of this task admitted at once, across
     every worker, with or without named pools (``@pooled(max_running=3)``); it is checked
     before the named pools. See :func:`pools.limit_run` for a cap over a whole workflow.
+    ``fairness_key`` (a string, or a callable of the task's arguments) says whom a call is
+    fair to in pools with strategy ``fair``.
     """
     spec = PoolSpec.build(
         pools,
@@ -66,6 +69,7 @@ def pooled(
         job_key=job_key,
         idempotency_key=idempotency_key,
         max_running=max_running,
+        fairness_key=fairness_key,
     )
 
     def decorate(obj: T) -> T:

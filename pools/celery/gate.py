@@ -48,6 +48,8 @@ class JobFields:
     job: str = ""
     policy: str = ConcurrencyPolicy.ALLOW.value
     idempotency_key: str | None = None
+    #: Whom the call is fair to in pools with strategy ``fair`` ("" when none).
+    fairness_key: str = ""
 
 
 def job_fields(name: str, args: Any, kwargs: Any, spec: PoolSpec, headers: Any) -> JobFields:
@@ -77,7 +79,10 @@ def job_fields(name: str, args: Any, kwargs: Any, spec: PoolSpec, headers: Any) 
     idempotency = resolve_key(spec.idempotency_key, args, kwargs, what="idempotency_key")
     if idempotency is None and policy == ConcurrencyPolicy.SKIP:
         idempotency = f"{SKIP_KEY_PREFIX}{job}"[:255]
-    return JobFields(job=job, policy=policy, idempotency_key=idempotency)
+    fairness = resolve_key(spec.fairness_key, args, kwargs, what="fairness_key")
+    return JobFields(
+        job=job, policy=policy, idempotency_key=idempotency, fairness_key=fairness or ""
+    )
 
 
 class ExistingEntry(Exception):
@@ -446,7 +451,9 @@ def _inherited(fields: JobFields, task_id: str, attempt: int) -> JobFields:
         )
     if row is None or not (row[0] or row[2]):
         return fields
-    return JobFields(job=row[0], policy=row[1], idempotency_key=row[2])
+    return JobFields(
+        job=row[0], policy=row[1], idempotency_key=row[2], fairness_key=fields.fairness_key
+    )
 
 
 def _ensure_pools(spec: PoolSpec, *, again: bool = False) -> None:
@@ -486,6 +493,7 @@ def _submission(
         job=fields.job,
         concurrency_policy=fields.policy,
         idempotency_key=fields.idempotency_key,
+        fairness_key=fields.fairness_key,
     )
 
 

@@ -10,7 +10,8 @@ pools the entry names, so the sum computed under the lock is exact. On SQLite
 ``select_for_update`` is a no-op and the database must run ``IMMEDIATE``
 transactions (``OPTIONS={"transaction_mode": "IMMEDIATE"}``), which serialize writers.
 
-Order of admission: priority descending, then ``enqueued_at``, then ``queue_id``.
+Order of admission: the pool's strategy (:mod:`pools.core.strategies`): by default
+priority descending, then ``enqueued_at``, then ``queue_id``.
 A pool's head waits until all of its slots are free and blocks everything behind it
 (no backfill). A multi-pool entry is admitted only where it is the head of every
 pool it names, and then acquires all of them at once.
@@ -42,7 +43,7 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from pools import conf
-from pools.core import dispatch, eligibility, events, nodes
+from pools.core import dispatch, eligibility, events, nodes, strategies
 from pools.core.locking import locked_pools, unavailable_on_error
 from pools.core.records import (
     EXPIRES,
@@ -173,6 +174,8 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
     # Ineligible heads (forbid, pinned worker) stay so for the rest of the pass.
     ineligible: set[int] = set()
     admitted_jobs: set[str] = set()
+    # Strategy ``fair``: the highest round admitted per pool in this pass.
+    rounds: dict[int, int] = {}
     live: list[set[str]] = []
 
     def live_hostnames() -> set[str]:
@@ -205,7 +208,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             while line:
                 if free[pool.pk] <= 0:
                     # A full pool's line is not looked at further (dead heads behind the
-                    # last admission wait for the sweep): the same rule as pools_admit_v5,
+                    # last admission wait for the sweep): the same rule as pools_admit_v6,
                     # and not dependent on how many rows this pass happened to read.
                     break
                 entry = line[0].entry
@@ -241,7 +244,9 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
                 if not _fits_everywhere(entry, pools, lines, free, result.needs):
                     break
                 for name, slots in entry.demand.items():
-                    free[pools[name].pk] -= slots
+                    pid = pools[name].pk
+                    free[pid] -= slots
+                    rounds[pid] = max(rounds.get(pid, 0), lines[pid][0].line_round)
                 _drop_from_lines(entry, pools, lines)
                 done.add(entry.queue_id)
                 admitted.append(entry)
@@ -253,6 +258,8 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
 
     if admitted:
         _mark_admitted(admitted, pools, now, now + lease)
+        for pid, line_round in rounds.items():
+            strategies.note_admitted(by_id[pid], line_round)
         result.admissions.extend(
             Admission(
                 entry_id=e.queue_id,
@@ -322,6 +329,7 @@ def _promote_due(pools: dict[str, Pool], now: datetime, result: _Pass) -> None:
             Demand.objects.filter(entry_id__in=ready, state=DELAYED).update(
                 state=EntryState.WAITING
             )
+            strategies.join_rounds(pools, ready)
     for pool in looked:
         pool.next_due_at = (
             Demand.objects.delayed()
@@ -613,19 +621,29 @@ def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -
             concurrency_policy=sub.concurrency_policy,
             pinned_worker=sub.pinned_worker,
             idempotency_key=sub.idempotency_key,
+            fairness_key=sub.fairness_key,
         )
         delayed = sub.not_before is not None and sub.not_before > now
-        Demand.objects.bulk_create(
-            Demand(
-                entry=entry,
-                pool=pools[name],
-                slots=slots,
-                state=DELAYED if delayed else EntryState.WAITING,
-                priority=spec.priority,
-                enqueued_at=sub.not_before if delayed and sub.not_before else now,
+        joins = sub.not_before if delayed and sub.not_before else now
+        rows = []
+        for name, slots in spec.demand.items():
+            line_round, line_at, fairness_key = strategies.place(
+                pools[name], priority=spec.priority, at=joins, key=sub.fairness_key, delayed=delayed
             )
-            for name, slots in spec.demand.items()
-        )
+            rows.append(
+                Demand(
+                    entry=entry,
+                    pool=pools[name],
+                    slots=slots,
+                    state=DELAYED if delayed else EntryState.WAITING,
+                    priority=spec.priority,
+                    enqueued_at=joins,
+                    line_round=line_round,
+                    line_at=line_at,
+                    fairness_key=fairness_key,
+                )
+            )
+        Demand.objects.bulk_create(rows)
         events.transition(EventKind.ENQUEUED, [entry], at=now)
         if delayed and sub.not_before is not None:
             _note_due(pools, spec.demand, sub.not_before)
@@ -734,7 +752,7 @@ def _refuse(demand: dict[str, int], pools: dict[str, Pool], now: datetime) -> li
     Precedence: an unknown pool, then a demand above a pool's capacity, then a pool paused
     with ``paused_policy="reject"``, then a draining pool, then a full backlog whose
     overflow policy is ``reject``; within each, the first pool by name.
-    ``pools_enqueue_v5`` does the same, and hands the policies to this function.
+    ``pools_enqueue_v6`` does the same, and hands the policies to this function.
     A full backlog with ``drop_oldest`` / ``drop_newest`` drops one waiting entry
     instead (returned, already ended ``rejected``).
     """
@@ -815,14 +833,14 @@ def _deadline(sub: Submission, now: datetime) -> datetime | None:
 def _enqueue_in_one_call(
     sub: Submission, now: datetime, deadline: datetime | None
 ) -> Enqueued | None:
-    """:func:`enqueue` as one call of ``pools_enqueue_v5`` (PostgreSQL fast path).
+    """:func:`enqueue` as one call of ``pools_enqueue_v6`` (PostgreSQL fast path).
 
     ``None`` when a pool policy decides the enqueue (the function wrote nothing): the
     caller then runs the Python path.
     """
     spec = sub.spec
     reply = fastpath.call(
-        "pools_enqueue_v5",
+        "pools_enqueue_v6",
         [
             sub.key,
             sub.task_name,
@@ -840,6 +858,7 @@ def _enqueue_in_one_call(
             sub.attempt,
             conf.get().LEASE_SECONDS,
             fastpath.listening(),
+            sub.fairness_key,
         ],
         what=f"pools {', '.join(sorted(spec.demand))}",
     )
@@ -855,7 +874,7 @@ def _enqueue_in_one_call(
         raise PoolFull(pool, refused.limit or 0)
     enqueued = reply.first("enqueued")
     if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
-        raise RuntimeError("pools_enqueue_v5 returned neither 'refused' nor 'enqueued'")
+        raise RuntimeError("pools_enqueue_v6 returned neither 'refused' nor 'enqueued'")
     admissions = _on_commit(reply)
     admissions += _follow_up(reply.fallbacks)
     return Enqueued(
@@ -947,9 +966,9 @@ def _forbid_waiters(job: str, locked: Iterable[str]) -> set[str]:
 def _settle_in_one_call(
     entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
 ) -> bool:
-    """:func:`settle` as one call of ``pools_settle_v5`` (PostgreSQL fast path)."""
+    """:func:`settle` as one call of ``pools_settle_v6`` (PostgreSQL fast path)."""
     reply = fastpath.call(
-        "pools_settle_v5",
+        "pools_settle_v6",
         [
             entry_id,
             token,
@@ -967,8 +986,23 @@ def _settle_in_one_call(
         return False
     _on_commit(reply)
     job = (settled.detail or {}).get("job", "")
-    _follow_up(reply.fallbacks | _forbid_waiters(job, settled.demand or {}))
+    # As settle() on the ORM path: one pass over the pools the function left to Python
+    # (the pass settle() runs under its locks), then one follow-up over the pools that
+    # pass needs and those of waiting 'forbid' instances of the job. Merging the two
+    # would run the first pass with more pools locked (a due multi-pool entry could then
+    # join a line that the ORM path's first pass admits from without it).
+    needs = _pass_over(reply.fallbacks)
+    _follow_up(needs | _forbid_waiters(job, settled.demand or {}))
     return True
+
+
+def _pass_over(names: set[str]) -> set[str]:
+    """One admission pass over ``names`` in its own transaction; returns the pools a
+    follow-up pass must cover (what :func:`_admit_in` returns)."""
+    if not names:
+        return set()
+    with locked_pools(names) as pools:
+        return _admit_in(pools, timezone.now())
 
 
 def requeue(

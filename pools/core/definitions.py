@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from pools import conf
-from pools.core import admission, events, locking
+from pools.core import admission, events, locking, strategies
 from pools.exceptions import (
     PoolConfigurationError,
     PoolDefinedInSettings,
@@ -33,10 +33,22 @@ from pools.models import (
     OverflowPolicy,
     PausedPolicy,
     Pool,
+    Strategy,
 )
 from pools.specs import refuse_reserved, validate_pool_name, validate_pool_pattern, validate_slots
 
-_FIELDS = {"slots", "max_queued", "paused", "description", "overflow", "paused_policy"}
+_FIELDS = {
+    "slots",
+    "max_queued",
+    "paused",
+    "description",
+    "overflow",
+    "paused_policy",
+    "strategy",
+    "aging_seconds",
+}
+#: Fields whose change gives the waiting entries new places (:func:`strategies.rerank`).
+_ORDER_FIELDS = ("strategy", "aging_seconds")
 #: Per-key pools retired per sweep (the next sweep takes the rest).
 RETIRE_BATCH = 100
 #: Demand states of unfinished entries (a pool with such a row is in use).
@@ -56,6 +68,10 @@ class PoolDefinition:
     overflow: str = OverflowPolicy.REJECT
     #: What a submit does while the pool is paused (:class:`PausedPolicy`).
     paused_policy: str = PausedPolicy.QUEUE
+    #: The admission order (:class:`Strategy`).
+    strategy: str = Strategy.PRIORITY
+    #: Strategy ``priority``: one priority level gained per this many seconds waited.
+    aging_seconds: int | None = None
 
 
 def parse(name: str, raw: Any) -> PoolDefinition:
@@ -80,6 +96,11 @@ def parse(name: str, raw: Any) -> PoolDefinition:
             max_queued, what=f"POOLS['DEFINITIONS'][{name!r}]['max_queued']"
         )
     where = f"POOLS['DEFINITIONS'][{name!r}]"
+    strategy = _choice(raw.get("strategy", Strategy.PRIORITY), Strategy, where, "strategy")
+    aging = raw.get("aging_seconds")
+    if aging is not None:
+        aging = validate_slots(aging, what=f"{where}['aging_seconds']")
+    check_order(strategy, aging, where=where)
     return PoolDefinition(
         name=name,
         slots=slots,
@@ -92,10 +113,27 @@ def parse(name: str, raw: Any) -> PoolDefinition:
         paused_policy=_choice(
             raw.get("paused_policy", PausedPolicy.QUEUE), PausedPolicy, where, "paused_policy"
         ),
+        strategy=strategy,
+        aging_seconds=aging,
     )
 
 
-def _choice(value: Any, choices: type[OverflowPolicy | PausedPolicy], where: str, key: str) -> str:
+def check_order(strategy: str, aging_seconds: int | None, *, where: str = "") -> None:
+    """Aging is a rule of strategy ``priority``: refuse it with another strategy."""
+    if aging_seconds is not None and strategy != Strategy.PRIORITY:
+        prefix = f"{where}: " if where else ""
+        exc = PoolConfigurationError(
+            f"{prefix}aging_seconds applies to strategy 'priority' only (it raises a waiting "
+            f"entry's priority), not to {strategy!r}. Remove aging_seconds or use "
+            f"strategy 'priority'."
+        )
+        exc.field = "aging_seconds"
+        raise exc
+
+
+def _choice(
+    value: Any, choices: type[OverflowPolicy | PausedPolicy | Strategy], where: str, key: str
+) -> str:
     """``value`` if it is one of ``choices``, else ``PoolConfigurationError`` listing them."""
     allowed = [str(c) for c in choices.values]
     if value not in allowed:
@@ -218,6 +256,8 @@ def sync() -> SyncReport:
                     "description": d.description,
                     "overflow": d.overflow,
                     "paused_policy": d.paused_policy,
+                    "strategy": d.strategy,
+                    "aging_seconds": d.aging_seconds,
                     "defined_in_settings": True,
                 },
             )
@@ -232,6 +272,8 @@ def sync() -> SyncReport:
                 "description": d.description,
                 "overflow": d.overflow,
                 "paused_policy": d.paused_policy,
+                "strategy": d.strategy,
+                "aging_seconds": d.aging_seconds,
                 "defined_in_settings": True,
                 "retiring": False,
             }
@@ -243,9 +285,12 @@ def sync() -> SyncReport:
             with locking.locked_pools([d.name]) as locked:
                 pool = locked[d.name]
                 old_paused = pool.paused
+                reorder = any(getattr(pool, k) != wanted[k] for k in _ORDER_FIELDS)
                 for key, value in wanted.items():
                     setattr(pool, key, value)
                 pool.save(update_fields=[*wanted, "updated_at"])
+                if reorder:
+                    _reorder(pool, now)
                 change_slots(pool, d.slots, now)
                 _log_pause(pool, old_paused, now)
             updated.append(d.name)
@@ -294,6 +339,18 @@ def change_slots(pool: Pool, slots: int, now: datetime, *, actor: str | None = N
         slots=pool.slots, pending_slots=pool.pending_slots, updated_at=now
     )
     events.record_pool(EventKind.CAPACITY_CHANGED, pool.name, at=now, detail=detail, actor=actor)
+
+
+def _reorder(pool: Pool, now: datetime) -> None:
+    """The pool's order changed on sync (under its lock): new places for its backlog, and
+    an event (:func:`update_pool` logs its own through :func:`pool_saved`)."""
+    moved = strategies.rerank(pool)
+    events.record_pool(
+        EventKind.CAPACITY_CHANGED,
+        pool.name,
+        at=now,
+        detail={"strategy": pool.strategy, "aging_seconds": pool.aging_seconds, "moved": moved},
+    )
 
 
 def _log_pause(
@@ -466,7 +523,16 @@ def set_paused(name: str, paused: bool, *, actor: str | None = None) -> bool:
 # --------------------------------------------------------------------------- pool CRUD (API)
 
 #: Fields of a pool that :func:`update_pool` may change (the name is fixed: entries name it).
-EDITABLE = ("slots", "max_queued", "paused", "description", "overflow", "paused_policy")
+EDITABLE = (
+    "slots",
+    "max_queued",
+    "paused",
+    "description",
+    "overflow",
+    "paused_policy",
+    "strategy",
+    "aging_seconds",
+)
 
 
 def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -493,6 +559,10 @@ def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
                 out[key] = _choice(value, OverflowPolicy, "", key)
             elif key == "paused_policy":
                 out[key] = _choice(value, PausedPolicy, "", key)
+            elif key == "strategy":
+                out[key] = _choice(value, Strategy, "", key)
+            elif key == "aging_seconds":
+                out[key] = None if value is None else validate_slots(value, what="aging_seconds")
             else:
                 raise PoolConfigurationError(
                     f"Unknown pool field {key!r}; allowed: name, {', '.join(EDITABLE)}."
@@ -512,6 +582,8 @@ def create_pool(
     description: str = "",
     overflow: str = OverflowPolicy.REJECT,
     paused_policy: str = PausedPolicy.QUEUE,
+    strategy: str = Strategy.PRIORITY,
+    aging_seconds: int | None = None,
     actor: str | None = None,
 ) -> Pool:
     """Create a pool (admin, API). Raises ``PoolConfigurationError`` (bad field, name taken)."""
@@ -524,8 +596,11 @@ def create_pool(
             "description": description,
             "overflow": overflow,
             "paused_policy": paused_policy,
+            "strategy": strategy,
+            "aging_seconds": aging_seconds,
         }
     )
+    check_order(values["strategy"], values["aging_seconds"])
     with transaction.atomic():
         if Pool.objects.filter(name=name).exists():
             exc = PoolConfigurationError(
@@ -561,9 +636,13 @@ def update_pool(name: str, *, actor: str | None = None, **changes: Any) -> Pool:
         old_slots, old_paused = pool.slots, pool.paused
         old = {key: getattr(pool, key) for key in values}
         slots = values.pop("slots", None)
+        reorder = any(k in values and getattr(pool, k) != values[k] for k in _ORDER_FIELDS)
         for key, value in values.items():
             setattr(pool, key, value)
+        check_order(pool.strategy, pool.aging_seconds)
         pool.save(update_fields=[*values, "updated_at"])
+        if reorder:  # logged by pool_saved, with the actor (a "field" capacity event)
+            strategies.rerank(pool)
         if slots is not None:
             change_slots(pool, slots, timezone.now(), actor=actor)
         pool_saved(pool, old_slots=old_slots, old_paused=old_paused, actor=actor, old=old)
@@ -616,7 +695,7 @@ def _used_since(pool: Pool, since: datetime) -> bool:
 
 # --------------------------------------------------------------------------- per-key pools
 
-_TEMPLATE_FIELDS = {"slots", "max_queued", "description"}
+_TEMPLATE_FIELDS = {"slots", "max_queued", "description", "strategy", "aging_seconds"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -627,6 +706,9 @@ class PoolTemplate:
     slots: int
     max_queued: int | None = None
     description: str = ""
+    #: The admission order of each pool made from it, and its aging (strategy priority).
+    strategy: str = Strategy.PRIORITY
+    aging_seconds: int | None = None
 
 
 def parse_template(pattern: str, raw: Any) -> PoolTemplate:
@@ -637,16 +719,21 @@ def parse_template(pattern: str, raw: Any) -> PoolTemplate:
         raise PoolConfigurationError(f"{where} must be a dict such as {{'slots': 1}}, got {raw!r}.")
     unknown = set(raw) - _TEMPLATE_FIELDS
     if unknown:
-        hint = " (per-pool strategies are not available yet)" if "strategy" in unknown else ""
         raise PoolConfigurationError(
-            f"{where} has unknown key(s) {sorted(unknown)}{hint}; "
-            f"allowed: {sorted(_TEMPLATE_FIELDS)}."
+            f"{where} has unknown key(s) {sorted(unknown)}; allowed: {sorted(_TEMPLATE_FIELDS)}."
         )
     if "slots" not in raw:
         raise PoolConfigurationError(f"{where} needs 'slots' (the capacity of each pool).")
     max_queued = raw.get("max_queued")
+    strategy = _choice(raw.get("strategy", Strategy.PRIORITY), Strategy, where, "strategy")
+    aging = raw.get("aging_seconds")
+    if aging is not None:
+        aging = validate_slots(aging, what=f"{where}['aging_seconds']")
+    check_order(strategy, aging, where=where)
     return PoolTemplate(
         pattern=pattern,
+        strategy=strategy,
+        aging_seconds=aging,
         slots=validate_slots(raw["slots"], what=f"{where}['slots']"),
         max_queued=None
         if max_queued is None
@@ -685,6 +772,8 @@ def ensure_pool(name: str, pattern: str) -> Pool:
                     slots=template.slots,
                     max_queued=template.max_queued,
                     description=template.description,
+                    strategy=template.strategy,
+                    aging_seconds=template.aging_seconds,
                     template=pattern,
                 )
                 pool_saved(pool, old_slots=None, old_paused=None, created=True)

@@ -4,7 +4,7 @@ Read-only, no locks: the answer is a point-in-time view that may be stale by the
 is shown (an entry may be admitted a millisecond later).
 
 **Position** is the 1-based place of an entry in a pool's line, the pool's demand rows in
-state ``waiting`` in admission order ``(-priority, enqueued_at, entry)``. It is counted
+state ``waiting`` in admission order ``(line_round, line_at, entry)``. It is counted
 (``COUNT`` of the rows ahead, a range of the ``pools_demand_line`` index), never by loading
 the line. An entry whose ``not_before`` is still in the future is not in line: no position.
 
@@ -136,18 +136,18 @@ def label(queue_id: int) -> str:
     return f"#{queue_id}"
 
 
-def _ahead_q(priority: int, enqueued_at: datetime, entry_id: int) -> Q:
+def _ahead_q(line_round: int, line_at: datetime, entry_id: int) -> Q:
     """Line rows strictly ahead of a row with these ordering columns (admission order)."""
     return (
-        Q(priority__gt=priority)
-        | Q(priority=priority, enqueued_at__lt=enqueued_at)
-        | Q(priority=priority, enqueued_at=enqueued_at, entry_id__lt=entry_id)
+        Q(line_round__lt=line_round)
+        | Q(line_round=line_round, line_at__lt=line_at)
+        | Q(line_round=line_round, line_at=line_at, entry_id__lt=entry_id)
     )
 
 
 def line_order(d: Demand) -> tuple[int, datetime, int]:
-    """Sort key of a demand row in admission order."""
-    return (-d.priority, d.enqueued_at, d.entry_id)
+    """Sort key of a demand row in admission order (its place, set by the pool's strategy)."""
+    return (d.line_round, d.line_at, d.entry_id)
 
 
 def _fmt(when: datetime) -> str:
@@ -161,7 +161,7 @@ def position_of(d: Demand) -> int:
     """1-based place of a waiting demand row in its pool's line (one ``COUNT`` query)."""
     ahead = (
         Demand.objects.line(d.pool_id)
-        .filter(_ahead_q(d.priority, d.enqueued_at, d.entry_id))
+        .filter(_ahead_q(d.line_round, d.line_at, d.entry_id))
         .order_by()
         .count()
     )
@@ -183,11 +183,11 @@ def positions(pool: Pool, entries: Iterable[QueueEntry | int]) -> dict[int, int]
     last = rows[-1]
     counts = (
         Demand.objects.line(pool.pk)
-        .filter(_ahead_q(last.priority, last.enqueued_at, last.entry_id))
+        .filter(_ahead_q(last.line_round, last.line_at, last.entry_id))
         .order_by()
         .aggregate(
             **{
-                f"p{i}": Count("pk", filter=_ahead_q(d.priority, d.enqueued_at, d.entry_id))
+                f"p{i}": Count("pk", filter=_ahead_q(d.line_round, d.line_at, d.entry_id))
                 for i, d in enumerate(rows)
             }
         )

@@ -56,6 +56,8 @@ class Submission:
     idempotency_key: str | None = None
     #: Node affinity: the Celery hostname that alone may run the entry (empty: any worker).
     pinned_worker: str = ""
+    #: Whom the entry is fair to in pools with strategy ``fair`` (empty: the keyless group).
+    fairness_key: str = ""
 
     @property
     def plain(self) -> bool:

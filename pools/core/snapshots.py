@@ -30,7 +30,7 @@ from pools.core import explain
 from pools.core.explain import PoolView
 from pools.exceptions import UnknownPool
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
-from pools.querysets import held_slots_expr
+from pools.querysets import LINE_ORDER, held_slots_expr
 
 #: Demand states of unfinished entries, counted per pool (``delayed``: not due yet).
 ACTIVE_STATES = ("waiting", "delayed", "admitted", "running")
@@ -67,6 +67,8 @@ class LineItem:
     root_id: str = ""
     #: Every pool the entry asks for, ``{name: slots}``.
     demand: dict[str, int] = field(default_factory=dict)
+    #: Whom the entry is fair to in pools with strategy ``fair`` ("" when none).
+    fairness_key: str = ""
     #: Waiting entries: one of :data:`pools.core.explain.BLOCKERS`, or ``None`` if admissible.
     blocked_by: str | None = None
     #: Waiting entries: the human sentence of :mod:`pools.core.explain`.
@@ -95,6 +97,9 @@ class PoolSnapshot:
     #: What a submit does when the backlog is full / while paused.
     overflow: str = "reject"
     paused_policy: str = "queue"
+    #: The admission order (:class:`pools.models.Strategy`) and its aging, if any.
+    strategy: str = "priority"
+    aging_seconds: int | None = None
     #: Removed from settings while it held or queued work: deleted once empty.
     retiring: bool = False
     #: Unfinished entries per demand state (``waiting``, ``admitted``, ``running``, ...).
@@ -144,6 +149,7 @@ def item(d: Demand, position: int | None = None, **extra: Any) -> LineItem:
         attempt=e.attempt,
         root_id=e.root_id,
         demand=dict(e.demand),
+        fairness_key=e.fairness_key,
         **extra,
     )
 
@@ -168,7 +174,7 @@ def _with_heads(qs: QuerySet[Pool], n: int) -> QuerySet[Pool]:
     annotations: dict[str, Any] = {
         name: Subquery(
             Demand.objects.filter(pool_id=OuterRef("pk"), state=EntryState.WAITING)
-            .order_by("-priority", "enqueued_at", "entry_id")
+            .order_by(*LINE_ORDER)
             .values("pk")[i : i + 1]
         )
         for i, name in enumerate(_head_names(n))
@@ -239,7 +245,7 @@ def _other_gates(names: Iterable[str], known: dict[str, _Gate]) -> dict[str, _Ga
         return known
     first = (
         Demand.objects.filter(pool_id=OuterRef("pk"), state=EntryState.WAITING)
-        .order_by("-priority", "enqueued_at", "entry_id")
+        .order_by(*LINE_ORDER)
         .values("entry_id")[:1]
     )
     out = dict(known)
@@ -340,6 +346,8 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
                 draining=p.pending_slots is not None,
                 overflow=p.overflow,
                 paused_policy=p.paused_policy,
+                strategy=p.strategy,
+                aging_seconds=p.aging_seconds,
                 retiring=p.retiring,
                 held=view.held,
                 waiting=counts[p.pk]["waiting"],
@@ -437,16 +445,16 @@ def entries_page(
     else:
         base = Demand.objects.filter(pool_id=pool.pk, state=state)
     if state == EntryState.WAITING:
-        qs = base.order_by("-priority", "enqueued_at", "entry_id")
+        qs = base.order_by(*LINE_ORDER)
         if after:
             try:
                 p, t, i = int(after[0]), datetime.fromisoformat(after[1]), int(after[2])
             except (ValueError, TypeError, IndexError) as exc:
                 raise InvalidCursor(f"Invalid cursor {cursor!r}.") from exc
             qs = qs.filter(
-                Q(priority__lt=p)
-                | Q(priority=p, enqueued_at__gt=t)
-                | Q(priority=p, enqueued_at=t, entry_id__gt=i)
+                Q(line_round__gt=p)
+                | Q(line_round=p, line_at__gt=t)
+                | Q(line_round=p, line_at=t, entry_id__gt=i)
             )
         rows = list(_rows(qs)[: limit + 1])
         more = len(rows) > limit
@@ -471,7 +479,7 @@ def entries_page(
         items = _explained(view, [(d, start + i) for i, d in enumerate(rows)], first, gates, now)
         last = rows[-1] if rows else None
         next_cursor = (
-            _encode([state, last.priority, last.enqueued_at.isoformat(), last.entry_id])
+            _encode([state, last.line_round, last.line_at.isoformat(), last.entry_id])
             if more and last
             else None
         )

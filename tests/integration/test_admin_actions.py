@@ -92,6 +92,8 @@ def test_pool_admin__changing_slots_drains_through_the_service(
         "description": "",
         "overflow": "drop_oldest",
         "paused_policy": "queue",
+        "strategy": "priority",
+        "aging_seconds": "",
     }
     response = admin_client.post(url, form, follow=True)
     assert response.status_code == 200
@@ -120,6 +122,7 @@ def test_pool_admin__add_goes_through_the_service(admin_client: Client) -> None:
             "description": "",
             "overflow": "reject",
             "paused_policy": "reject",
+            "strategy": "priority",
         },
         follow=True,
     )
@@ -278,3 +281,32 @@ def test_run_now__needs_change_permission_on_periodic_tasks(jobs: dict[str, Peri
     client.force_login(user)
     _run_now(client, jobs["first add"])
     assert not QueueEntry.objects.filter(origin=Origin.MANUAL).exists()
+
+
+def test_pool_admin__strategy_and_aging_are_edited_through_the_service(
+    admin_client: Client, line: RecordingBridge
+) -> None:
+    pool = Pool.objects.get(name="wh")
+    url = reverse("admin:pools_pool_change", args=[pool.pk])
+    form = {
+        "slots": "1",
+        "max_queued": "",
+        "description": "",
+        "overflow": "reject",
+        "paused_policy": "queue",
+        "strategy": "fifo",
+        "aging_seconds": "30",
+    }
+    refused = admin_client.post(url, form)
+    assert refused.status_code == 200  # the form again, with the error
+    assert "Aging applies to strategy" in refused.content.decode()
+    assert Pool.objects.get(name="wh").strategy == "priority"
+    form["aging_seconds"] = ""
+    admin_client.post(url, form, follow=True)
+    assert Pool.objects.get(name="wh").strategy == "fifo"
+    # The waiting entries took their fifo places, and the change is in the log.
+    assert PoolEvent.objects.filter(
+        kind=EventKind.CAPACITY_CHANGED, pool="wh", detail__field="strategy", detail__to="fifo"
+    ).exists()
+    changelist = admin_client.get(reverse("admin:pools_pool_changelist")).content.decode()
+    assert "fifo" in changelist

@@ -259,6 +259,15 @@ def test_patch_pool__changes_capacity_and_admits(recorder: RecordingBridge) -> N
     assert (status, body["code"]) == (404, "unknown_pool")
     status, body = error(client.patch(url("pools/p/"), {"paused": True}, format="json"))
     assert status == 200 and body["paused"] is True
+    status, body = error(client.patch(url("pools/p/"), {"strategy": "fair"}, format="json"))
+    assert status == 200 and (body["strategy"], body["aging_seconds"]) == ("fair", None)
+    status, body = error(client.patch(url("pools/p/"), {"aging_seconds": 30}, format="json"))
+    assert status == 400 and "aging_seconds" in str(body), body
+    changes = {"strategy": "priority", "aging_seconds": 30}
+    status, body = error(client.patch(url("pools/p/"), changes, format="json"))
+    assert status == 200 and (body["strategy"], body["aging_seconds"]) == ("priority", 30)
+    status, body = error(client.patch(url("pools/p/"), {"strategy": "random"}, format="json"))
+    assert status == 400 and "strategy" in body
 
 
 def test_delete_pool__refused_while_in_use_or_defined_in_settings(

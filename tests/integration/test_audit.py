@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True, available_apps=ADMIN_APPS)
 
 
 #: The other fields of the admin's pool form, as it shows them.
-FORM = {"description": "", "overflow": "reject", "paused_policy": "queue"}
+FORM = {"description": "", "overflow": "reject", "paused_policy": "queue", "strategy": "priority"}
 
 
 def _log(*pools: str) -> list[tuple[str, str, str, dict[str, Any]]]:

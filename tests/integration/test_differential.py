@@ -7,7 +7,9 @@ fresh and stale tokens and long worker names, renewals, settles with every outco
 with lapsed leases, cancels with and without ``terminate``, requeues, lapsed leases
 found by the sweep, expiries, admission passes, a clock that moves, and the pool policies:
 capacity changes that drain, pause and resume, overflow and paused policies, ``forbid``
-entries of a job and entries pinned to a worker that is or is not live) once through the
+entries of a job and entries pinned to a worker that is or is not live; the strategies
+``priority`` (with and without aging), ``fifo``, ``lifo`` and ``fair`` with fairness keys,
+and changes of strategy while entries wait) once through the
 PostgreSQL stored functions (``SQL_FAST_PATH=True``) and once through the ORM path, on
 the same test database emptied in between. The clock is fake (``timezone.now``), so both
 runs see the same times.
@@ -65,6 +67,15 @@ SEEDS = (
 )
 #: The pools: name -> (slots, max_queued).
 POOLS = {"a": (2, None), "b": (1, None), "c": (3, 2), "d": (1, 1)}
+#: Their strategies at the start (changed by ``pool`` operations, but "a" stays ``fair``).
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "a": {"strategy": "fair"},
+    "b": {"strategy": "priority", "aging_seconds": 5},
+    "c": {"strategy": "lifo"},
+    "d": {"strategy": "priority"},
+}
+#: Fairness keys of submits ("" is the keyless group).
+KEYS = ["t1", "t1", "t2", "t3", ""]
 UNKNOWN = "zz-missing"
 START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -136,12 +147,23 @@ def snapshot() -> dict[str, Any]:
                 "job": e.job,
                 "concurrency_policy": e.concurrency_policy,
                 "pinned_worker": e.pinned_worker,
+                "fairness_key": e.fairness_key,
             }
         )
         for e in QueueEntry.objects.all()
     }
     demands = sorted(
-        (d.entry.key, d.pool.name, d.slots, d.state, d.priority, offset(d.enqueued_at))
+        (
+            d.entry.key,
+            d.pool.name,
+            d.slots,
+            d.state,
+            d.priority,
+            offset(d.enqueued_at),
+            d.line_round,
+            offset(d.line_at),
+            d.fairness_key,
+        )
         for d in Demand.objects.select_related("entry", "pool")
     )
     pools = {
@@ -153,6 +175,9 @@ def snapshot() -> dict[str, Any]:
             p.overflow,
             p.paused_policy,
             p.held,
+            p.strategy,
+            p.aging_seconds,
+            p.fair_round,
         )
         for p in Pool.objects.all()
     }
@@ -320,7 +345,21 @@ class Run:
         """A pool policy change through the service functions (returns nothing to compare)."""
         rng = self.rng
         name = rng.choice(list(POOLS))
-        what = rng.choice(["slots", "slots", "pause", "resume", "overflow", "paused_policy"])
+        ops = ["slots", "slots", "pause", "resume", "overflow", "paused_policy"]
+        what = rng.choice([*ops, "strategy", "strategy", "aging"])
+        if what == "strategy" and name != "a":  # "a" stays fair: keys compete there
+            strategy = rng.choice(["priority", "fifo", "lifo", "fair"])
+            aging = rng.choice([None, 3]) if strategy == "priority" else None
+
+            def reorder() -> None:
+                definitions.update_pool(name, strategy=strategy, aging_seconds=aging)
+
+            return f"{name}.strategy={strategy} aging={aging}", reorder
+        if what == "aging":  # refused (PoolConfigurationError) unless the pool is 'priority'
+            seconds = rng.choice([None, 2, 10])
+            return f"{name}.aging_seconds={seconds}", lambda: definitions.update_pool(
+                name, aging_seconds=seconds
+            )
         if what == "pause" or what == "resume":
             paused = what == "pause"
             return f"{what} {name}", lambda: definitions.set_paused(name, paused)
@@ -370,6 +409,7 @@ class Run:
         pinned = rng.choice(["w2@host", "w9@gone"]) if rng.random() < 0.08 else ""
         options = {"expires": expires.isoformat()} if expires else {}
         spec = PoolSpec.build(demand, priority=rng.randint(0, 3), queue_timeout=timeout)
+        fairness_key = rng.choice(KEYS)
         sub = Submission(
             key=key,
             task_name="tests.fake",
@@ -383,10 +423,12 @@ class Run:
             job=job,
             concurrency_policy="forbid" if job else "allow",
             pinned_worker=pinned,
+            fairness_key=fairness_key,
         )
         label = (
             f"submit {key} {demand} prio={spec.priority} nb={offset(not_before)} "
-            f"timeout={timeout} expires={offset(expires)} job={job} pinned={pinned}"
+            f"timeout={timeout} expires={offset(expires)} job={job} pinned={pinned} "
+            f"fair={fairness_key}"
         )
         return label, lambda: admission.enqueue(sub)
 
@@ -417,7 +459,7 @@ def run_path(seed: int, fast: bool, settings: Any, rec: Any, listener: Listener)
     steps: list[Step] = []
     with mock.patch("django.utils.timezone.now", clock):
         for name, (slots, max_queued) in POOLS.items():
-            make_pool(name, slots, max_queued=max_queued)
+            make_pool(name, slots, max_queued=max_queued, **STRATEGIES[name])
         run = Run(seed, clock)
         for _ in range(STEPS):
             op, fn = run.next_op()
@@ -485,6 +527,15 @@ def test_differential__sql_and_orm_paths_agree_step_by_step(
     assert {"UnknownPool", "PoolFull", "NotCancellable"} <= raised, raised
     seen = {e["state"] for step in sql for e in step.state["entries"].values()}
     assert {"waiting", "admitted", "running", "succeeded", "cancelled", "expired"} <= seen, seen
+    # The strategies were exercised: fair rounds moved on, keys competed in a fair pool,
+    # aged places (line_at before the enqueue time) and strategy changes happened.
+    assert max(p[-1] for step in sql for p in step.state["pools"].values()) >= 1
+    fair_rows = [d for step in sql for d in step.state["demands"] if d[8] is not None]
+    assert max(d[6] for d in fair_rows) >= 2, "no key reached a second round"
+    fair_keys = {d[8] for d in fair_rows}
+    assert len(fair_keys - {""}) >= 2, fair_keys
+    assert any(d[7] < d[5] for step in sql for d in step.state["demands"]), "no aged place"
+    assert any(".strategy=" in s.op for s in sql), "no strategy change"
 
 
 def test_differential__self_test_catches_a_planted_difference(

@@ -195,3 +195,25 @@ def test_rolled_back_enqueue__leaves_nothing(broker: Broker) -> None:
         raise RuntimeError("boom")
     assert QueueEntry.objects.count() == 0
     assert broker.drain() == [], "no message for a claim that was rolled back"
+
+
+def test_fairness_key__from_the_decorator_callable_or_pool_options() -> None:
+    from tests.testapp.tasks import per_tenant
+
+    make_pool("tenants", 1, strategy="fair")
+    by_args = per_tenant.delay(7, n=1)
+    by_kwargs = per_tenant.apply_async(kwargs={"tenant_id": "acme"})
+    by_option = per_tenant.apply_async(  # type: ignore[call-arg]  # celery-types: no **options
+        (7,), pool_options={"fairness_key": "tenant-9"}
+    )
+    results = (by_args, by_kwargs, by_option)
+    keys = {r.id: QueueEntry.objects.get(key=r.id).fairness_key for r in results}
+    assert keys == {by_args.id: "7", by_kwargs.id: "acme", by_option.id: "tenant-9"}
+    # None from the callable: no key (the keyless group).
+    assert QueueEntry.objects.get(key=per_tenant.delay(None).id).fairness_key == ""  # type: ignore[arg-type]
+    # A callable whose result cannot be a key refuses the call, and nothing is stored.
+    with pytest.raises(PoolConfigurationError, match="fairness_key callable"):
+        per_tenant.delay("")  # type: ignore[arg-type]
+    assert QueueEntry.objects.count() == 4
+    with pytest.raises(PoolConfigurationError, match="fairness_key"):
+        per_tenant.apply_async((1,), pool_options={"fairness_key": ["not", "a", "str"]})  # type: ignore[call-arg]

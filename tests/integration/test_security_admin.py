@@ -58,7 +58,7 @@ def _job_pk() -> int:
 
 
 #: The pool form's policy fields, at their defaults.
-POLICIES = {"overflow": "reject", "paused_policy": "queue"}
+POLICIES = {"overflow": "reject", "paused_policy": "queue", "strategy": "priority"}
 
 
 @dataclass(frozen=True)

@@ -224,3 +224,10 @@ def run_member(i: int, sleep: float = 0.01, spawn: bool = False) -> dict:
     """A workflow member; with ``spawn`` it starts a child task (same root id) first."""
     child = run_member.delay(10_000 + i, sleep) if spawn else None
     return {**_span(i, sleep), "child": child.id if child else None}
+
+
+@shared_task
+@pooled("tenants", fairness_key=lambda tenant_id, *args, **kwargs: tenant_id)
+def per_tenant(tenant_id: int, n: int = 0) -> int:
+    """Fair to its first argument (strategy ``fair`` pools: one tenant per round)."""
+    return n

@@ -54,7 +54,12 @@ def test_invalid_settings__clear_error(pools: object, match: str) -> None:
         ({"TEMPLATES": {"tenant": {"slots": 1}}}, "pools.E030", "needs at least one"),
         ({"TEMPLATES": {"t:{k}": {}}}, "pools.E030", "needs 'slots'"),
         ({"TEMPLATES": {"t:{k}": {"slots": 0}}}, "pools.E030", "positive integer"),
-        ({"TEMPLATES": {"t:{k}": {"slots": 1, "strategy": "fair"}}}, "pools.E030", "strategies"),
+        ({"TEMPLATES": {"t:{k}": {"slots": 1, "strategy": "rr"}}}, "pools.E030", "must be one"),
+        (
+            {"TEMPLATES": {"t:{k}": {"slots": 1, "strategy": "fair", "aging_seconds": 5}}},
+            "pools.E030",
+            "aging_seconds applies",
+        ),
         ({"TASKS": {"t": {"pools": "t:{k}"}}}, "pools.E031", "has no template"),
         ({"TEMPLATE_IDLE_SECONDS": 0}, "pools.E001", "positive number"),
         ({"DEFAULT_POOL": ["default"]}, "pools.E001", "must be None or a dict"),

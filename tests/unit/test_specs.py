@@ -138,3 +138,23 @@ def test_resolve__missing_argument_or_bad_value_is_a_pool_key_error() -> None:
         spec.resolve({"tenant_id": "a b"})
     with pytest.raises(PoolKeyError, match="twice"):
         PoolSpec.build({"t:{a}": 1, "t:{b}": 1}).resolve({"a": 1, "b": 1})
+
+
+def test_fairness_key__string_int_callable_and_per_call() -> None:
+    from pools.specs import resolve_key
+
+    assert PoolSpec.build("p", fairness_key="acme").fairness_key == "acme"
+    assert PoolSpec.build("p", fairness_key=42).fairness_key == "42"
+    spec = PoolSpec.build("p", fairness_key=lambda tenant, **kw: f"t-{tenant}")
+    assert resolve_key(spec.fairness_key, [5], {}, what="fairness_key") == "t-5"
+    per_call = spec.with_call_options({"fairness_key": 9})
+    assert resolve_key(per_call.fairness_key, [5], {}, what="fairness_key") == "9"
+    assert PoolSpec.from_dict({"pools": "p", "fairness_key": "k"}).fairness_key == "k"
+
+
+@pytest.mark.parametrize("bad", [["a"], "x" * 256, 1.5, True, ""])
+def test_fairness_key__rejects_what_cannot_be_stored(bad: object) -> None:
+    with pytest.raises(PoolConfigurationError, match="fairness_key"):
+        PoolSpec.build("p", fairness_key=bad)  # type: ignore[arg-type]
+    with pytest.raises(PoolConfigurationError, match="fairness_key"):
+        PoolSpec.build("p").with_call_options({"fairness_key": bad})

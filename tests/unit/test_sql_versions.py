@@ -25,6 +25,7 @@ PINNED = {
     "admission_v3.sql": "eaf24b6e10beb08cd00132d6345209985967b1dd65ae7debf50127926a5d03e5",
     "admission_v4.sql": "8852b6cf704cf4dea38c5fbf8d1b2c5bad24d9ee3db954b0c2268dc40185608c",
     "admission_v5.sql": "01838546b02fde592f3e91e8cb68fbbd8079ebd3bd4a0aa23b9cc09958e87c11",
+    "admission_v6.sql": "f22663ea8048c7dcf62790b1e82e6ef61229f186be4c1dd96c150ccf2e231418",
 }
 
 

@@ -25,6 +25,9 @@ def summary_line(s: PoolSnapshot) -> str:
         flag += f" (draining to {s.slots})"
     if s.retiring:
         flag += " (retiring)"
+    if s.strategy != "priority" or s.aging_seconds is not None:
+        aging = f", aging {s.aging_seconds}s" if s.aging_seconds is not None else ""
+        flag += f" ({s.strategy}{aging})"
     cap = s.capacity or s.slots
     return (
         f"{s.name:<20} {bar(s.held, cap)} {s.held}/{cap} held, {s.free} free, "
@@ -110,7 +113,7 @@ class Command(BaseCommand):
             deadline = f" deadline {w.deadline:%Y-%m-%d %H:%M:%S}" if w.deadline else ""
             self.stdout.write(
                 f"  {w.position}. #{w.queue_id} {w.task_name} priority={w.priority} "
-                f"slots={w.slots}{deadline}"
+                f"slots={w.slots}{deadline}{f' key={w.fairness_key}' if w.fairness_key else ''}"
             )
 
     def do_sync(self, **options: Any) -> None:
