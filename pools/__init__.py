@@ -6,9 +6,10 @@ Import-safe: nothing here touches models or the database at import time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pools.exceptions import (
+    BudgetExceeded,
     DemandExceedsCapacity,
     EntryNotFound,
     JobNotFound,
@@ -30,6 +31,7 @@ from pools.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from pools.core.budgets import Charged, Spend
     from pools.core.leases import Claim
     from pools.core.snapshots import PoolSnapshot
     from pools.models import QueueEntry
@@ -39,6 +41,7 @@ T = TypeVar("T")
 __version__ = "0.1.0"
 
 __all__ = [
+    "BudgetExceeded",
     "DemandExceedsCapacity",
     "EntryNotFound",
     "JobNotFound",
@@ -59,8 +62,11 @@ __all__ = [
     "UnserializableArguments",
     "__version__",
     "cancel",
+    "charge",
     "current_claim",
+    "limit_run",
     "pooled",
+    "run_spend",
     "snapshot",
 ]
 
@@ -101,3 +107,28 @@ def snapshot(name: str) -> PoolSnapshot:
     from pools.core import snapshots
 
     return snapshots.snapshot(name)
+
+
+def limit_run(signature: Any, budget: Mapping[str, Any], **options: Any) -> Any:
+    """Send a signature (task, chain, group, chord) as a run with a budget.
+
+    ``pools.limit_run(chain(a.s(), b.s()), budget={"cost": 10, "tokens": 5000,
+    "seconds": 600})``: each limit is optional; see :func:`pools.celery.budgets.limit_run`.
+    """
+    from pools.celery import budgets
+
+    return budgets.limit_run(signature, budget, **options)
+
+
+def charge(*, cost: float = 0, tokens: int = 0) -> Charged | None:
+    """Charge the running pooled task's run; see :func:`pools.celery.budgets.charge`."""
+    from pools.celery import budgets
+
+    return budgets.charge(cost=cost, tokens=tokens)
+
+
+def run_spend(run_id: str) -> Spend | None:
+    """A run's budget and spend so far (``None`` without a budget)."""
+    from pools.core import budgets
+
+    return budgets.spend(run_id)

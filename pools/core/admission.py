@@ -42,9 +42,11 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from pools import conf
-from pools.core import dispatch, eligibility, events, nodes
+from pools.core import budgets, dispatch, eligibility, events, nodes
 from pools.core.locking import locked_pools, unavailable_on_error
 from pools.core.records import (
+    BUDGET,
+    BUDGET_OPTION,
     EXPIRES,
     QUEUE_TIMEOUT,
     Admission,
@@ -476,6 +478,10 @@ def enqueue(sub: Submission) -> Enqueued:
     """
     now = timezone.now()
     deadline = _deadline(sub, now)
+    if budgets.may_have_budget(sub) and (
+        sub.spec.budget or budgets.has_budget(budgets.run_id_of(sub))
+    ):
+        return _enqueue_in_budgeted_run(sub, now, deadline)
     # Entries with a job or a pinned worker carry columns the fast-path functions do not
     # write: they are enqueued on the Python path (so is any enqueue a pool policy decides).
     if fastpath.enabled() and not (sub.job or sub.pinned_worker):
@@ -483,6 +489,22 @@ def enqueue(sub: Submission) -> Enqueued:
         if enqueued is not None:
             return enqueued
     return _enqueue_locked(sub, now, deadline)
+
+
+def _enqueue_in_budgeted_run(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
+    """:func:`enqueue` of a task of a run with a budget: the run's row is locked first.
+
+    Raises :class:`~pools.exceptions.BudgetExceeded` when the run has spent a budget. Taken
+    before the pool locks (the order :mod:`pools.core.budgets` documents), so the charge
+    that stops the run and this enqueue are serialized: no entry joins a stopped run's line.
+    Always the Python path (the fast-path functions do not know budgets).
+    """
+    with unavailable_on_error(f"run {budgets.run_id_of(sub)!r}"), transaction.atomic():
+        run = budgets.lock_for_enqueue(sub, now)
+        if run is None:  # cannot happen after has_budget(), unless the row was deleted
+            return _enqueue_locked(sub, now, deadline)
+        options = {**sub.options, BUDGET_OPTION: run.root_id}
+        return _enqueue_locked(replace(sub, options=options), now, deadline)
 
 
 def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
@@ -810,10 +832,26 @@ def requeue(
         Demand.objects.filter(entry_id=entry_id).update(state=EntryState.WAITING)
         _change_held(pools, [entry], -1)
         events.record(EventKind.REQUEUED, [entry], at=now, detail={"reason": reason})
+        stop = budgets.rejects_requeue(entry)
+        if stop is not None:  # its run has spent a budget: it does not wait again
+            finished = [
+                replace(f, budget=stop)
+                for f in _finish_waiting([entry], EntryState.REJECTED, now, reason=BUDGET)
+            ]
+            needs = _admit_in(pools, now, finished)
         # The pass expires it if its deadline is gone, or admits it again.
-        needs = _admit_in(pools, now) if admit else set()
+        elif admit:
+            needs = _admit_in(pools, now)
+        else:
+            needs = set()
     _follow_up(needs)
     return True
+
+
+#: For :mod:`pools.core.budgets`, which ends a stopped run's waiting entries under its locks.
+finish_waiting = _finish_waiting
+admit_in = _admit_in
+follow_up = _follow_up
 
 
 def cancel(key: str, *, reason: str = "cancelled", terminate: bool = False) -> QueueEntry:
