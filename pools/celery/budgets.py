@@ -11,6 +11,7 @@ from celery.utils import uuid
 from pools.celery import worker
 from pools.core import budgets
 from pools.core.budgets import Charged
+from pools.exceptions import PoolConfigurationError
 from pools.specs import Budget
 
 logger = logging.getLogger("pools.celery.budgets")
@@ -27,11 +28,8 @@ def limit_run(signature: Any, budget: Mapping[str, Any] | Budget, **options: Any
     """
     limits = Budget.from_mapping(budget)
     if "root_id" in options:
-        raise_for = options["root_id"]
-        from pools.exceptions import PoolConfigurationError
-
         raise PoolConfigurationError(
-            f"limit_run() gives the run its own id; do not pass root_id ({raise_for!r})."
+            f"limit_run() gives the run its own id; do not pass root_id ({options['root_id']!r})."
         )
     run_id = uuid()
     budgets.open_run(run_id, limits)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
@@ -25,17 +26,18 @@ def tree(kind: str) -> dict[str, Any]:
     The 1-slot pool runs one task at a time: the siblings the root starts (priority 0)
     are still waiting when the grandchild spends the budget.
     """
-    spending = {
+    spendings: dict[str, dict[str, Any]] = {
         "tokens": {"tokens": 1000},
         "cost": {"cost": 2.5},
         "seconds": {"sleep": 1.5},
-    }[kind]
+    }
+    spending = spendings[kind]
     grandchild = {"label": "grandchild", "priority": 10, **spending, "spawn": [{"label": "late"}]}
     child = {"label": "child", "priority": 5, "spawn": [grandchild]}
     return {"label": "root", "spawn": [child, *({"label": s} for s in SIBLINGS)]}
 
 
-BUDGETS = {
+BUDGETS: dict[str, dict[str, Any]] = {
     "tokens": {"tokens": 1000},
     "cost": {"cost": 2, "tokens": 10**6},
     "seconds": {"seconds": 1.0},
@@ -53,7 +55,7 @@ def test_budget__a_grandchilds_spend_stops_the_run(
     if how == "limit_run":
         root = pools.limit_run(spend.s(**tree(kind)), budget=BUDGETS[kind])
     else:
-        root = spend.apply_async(kwargs=tree(kind), pool_options={"budget": BUDGETS[kind]})
+        root = spend.apply_async(kwargs=tree(kind), pool_options={"budget": BUDGETS[kind]})  # type: ignore[call-arg]  # celery-types: no **options
     assert root.get(timeout=TIMEOUT)["label"] == "root"
     run_id = QueueEntry.objects.get(key=root.id).root_id or root.id
     run = wait_for(
@@ -72,7 +74,7 @@ def test_budget__a_grandchilds_spend_stops_the_run(
     # The siblings were waiting when the grandchild spent the budget: rejected, and each
     # AsyncResult fails with BudgetExceeded naming the budget and the amounts.
     for label in SIBLINGS:
-        entry = wait_for(lambda label=label: finished(label), TIMEOUT, f"{label} to end")
+        entry = wait_for(partial(finished, label), TIMEOUT, f"{label} to end")
         assert (entry.state, entry.reason) == (EntryState.REJECTED, "budget")
         result = spend.AsyncResult(entry.key)
         with pytest.raises(BudgetExceeded) as info:
@@ -81,7 +83,7 @@ def test_budget__a_grandchilds_spend_stops_the_run(
         assert f"of {limit:g}" in str(info.value)
     # The tasks that spent ran to their end.
     for label in ("root", "child", "grandchild"):
-        entry = wait_for(lambda label=label: finished(label), TIMEOUT, f"{label} to end")
+        entry = wait_for(partial(finished, label), TIMEOUT, f"{label} to end")
         assert entry.state == EntryState.SUCCEEDED, (label, entry.state, entry.reason)
     grandchild = finished("grandchild")
     assert grandchild is not None

@@ -158,9 +158,8 @@ def spend(
         kwargs = dict(child)
         priority = kwargs.pop("priority", 0)
         try:
-            children.append(
-                spend.apply_async(kwargs=kwargs, pool_options={"priority": priority}).id
-            )
+            sent = spend.apply_async(kwargs=kwargs, pool_options={"priority": priority})  # type: ignore[call-arg]  # celery-types: no **options
+            children.append(sent.id)
         except BudgetExceeded as exc:
             children.append(f"refused: {exc}")
     return {"label": label, "children": children, "stopped_by": charged and charged.stopped_by}
