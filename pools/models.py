@@ -135,6 +135,22 @@ class Pool(models.Model):
         db_default=PausedPolicy.QUEUE,
         help_text=_("What a submit does while the pool is paused."),
     )
+    #: Daily spend cap in slot-seconds per UTC day (:mod:`pools.core.spendcap`).
+    spend_cap = models.FloatField(
+        _("daily spend cap"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text=_(
+            "Slot-seconds this pool may spend per UTC day; once spent it admits nothing "
+            "until the next day. Empty means no cap."
+        ),
+    )
+    #: The UTC day ``spent_today`` counts (a later day starts from zero).
+    spend_day = models.DateField(_("spend day"), null=True, blank=True, editable=False)
+    spent_today = models.FloatField(
+        _("slot-seconds spent"), default=0, db_default=0, editable=False
+    )
     #: Removed from POOLS['DEFINITIONS'] while it still held or queued work: deleted once empty.
     retiring = models.BooleanField(_("retiring"), default=False, db_default=False, editable=False)
     #: Slots held by this pool's admitted and running entries: changed only under this

@@ -42,7 +42,7 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from pools import conf
-from pools.core import budgets, dispatch, eligibility, events, nodes
+from pools.core import budgets, dispatch, eligibility, events, nodes, spendcap
 from pools.core.locking import locked_pools, unavailable_on_error
 from pools.core.records import (
     BUDGET,
@@ -158,6 +158,10 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
     free = {pid: p.slots - held.get(pid, 0) for pid, p in by_id.items()}
     lease = timedelta(seconds=conf.get().LEASE_SECONDS)
     _promote_due(pools, now, result)
+    capped = spendcap.capped_names(pools.values())
+    if capped:  # admits nothing today: look again when the next UTC day starts
+        for name in capped:
+            result.wake[name] = min(result.wake.get(name, spendcap.next_day()), spendcap.next_day())
     admitted: list[QueueEntry] = []
     expired: list[QueueEntry] = []
     done: set[int] = set()
@@ -175,7 +179,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
         lines: dict[int, deque[Demand]] = {}
         full_batch: set[int] = set()
         for pid, pool in by_id.items():
-            if pool.paused or free[pid] <= 0:
+            if pool.paused or free[pid] <= 0 or pool.name in capped:
                 continue
             limit = min(free[pid], LINE_BATCH)
             query = Demand.objects.line(pid).select_related("entry")
@@ -749,7 +753,8 @@ def settle(
             lease_expires_at=None,
         )
         if changed:
-            entry.refresh_from_db(fields=["key", "token", "demand", "state"])
+            entry.refresh_from_db(fields=["key", "token", "demand", "state", "admitted_at"])
+            spendcap.add_spend(pools, entry, now)
             Demand.objects.filter(entry_id=entry_id).update(state=entry.state)
             _change_held(pools, [entry], -1)
             events.transition(EventKind.SETTLED, [entry], at=now, detail={"outcome": entry.state})
@@ -757,6 +762,15 @@ def settle(
     if changed:
         _follow_up(needs | _forbid_waiters(entry.job, pools))
     return bool(changed)
+
+
+def _add_spend_after_settle(entry_id: int, names: set[str]) -> None:
+    """Fast path: add a settled attempt's slot-seconds to those of ``names`` that are capped."""
+    with locked_pools(names) as pools:
+        if not any(p.spend_cap is not None for p in pools.values()):
+            return
+        entry = QueueEntry.objects.only("demand", "admitted_at", "finished_at").get(pk=entry_id)
+        spendcap.add_spend(pools, entry, entry.finished_at or timezone.now())
 
 
 def _forbid_waiters(job: str, locked: Iterable[str]) -> set[str]:
@@ -795,6 +809,11 @@ def _settle_in_one_call(
     if settled is None:
         return False
     _on_commit(reply)
+    # Capped pools are 'fallback' pools of the function: add the attempt's spend before
+    # the Python pass over them decides.
+    spend_pools = reply.fallbacks & set(settled.demand or {})
+    if spend_pools:
+        _add_spend_after_settle(entry_id, spend_pools)
     job = (settled.detail or {}).get("job", "")
     _follow_up(reply.fallbacks | _forbid_waiters(job, settled.demand or {}))
     return True

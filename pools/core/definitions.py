@@ -20,7 +20,15 @@ from pools.exceptions import (
 from pools.models import TERMINAL_STATES, Demand, EventKind, OverflowPolicy, PausedPolicy, Pool
 from pools.specs import validate_pool_name, validate_slots
 
-_FIELDS = {"slots", "max_queued", "paused", "description", "overflow", "paused_policy"}
+_FIELDS = {
+    "slots",
+    "max_queued",
+    "paused",
+    "description",
+    "overflow",
+    "paused_policy",
+    "spend_cap",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +44,8 @@ class PoolDefinition:
     overflow: str = OverflowPolicy.REJECT
     #: What a submit does while the pool is paused (:class:`PausedPolicy`).
     paused_policy: str = PausedPolicy.QUEUE
+    #: Slot-seconds the pool may spend per UTC day (:mod:`pools.core.spendcap`); None: no cap.
+    spend_cap: float | None = None
 
 
 def parse(name: str, raw: Any) -> PoolDefinition:
@@ -72,7 +82,20 @@ def parse(name: str, raw: Any) -> PoolDefinition:
         paused_policy=_choice(
             raw.get("paused_policy", PausedPolicy.QUEUE), PausedPolicy, where, "paused_policy"
         ),
+        spend_cap=_spend_cap(raw.get("spend_cap"), f"{where}['spend_cap']"),
     )
+
+
+def _spend_cap(value: Any, what: str) -> float | None:
+    """A daily spend cap: a positive number of slot-seconds, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise PoolConfigurationError(
+            f"{what} must be a positive number of slot-seconds per UTC day (e.g. 3600 * 8 for "
+            f"eight slot-hours) or None, got {value!r}."
+        )
+    return float(value)
 
 
 def _choice(value: Any, choices: type[OverflowPolicy | PausedPolicy], where: str, key: str) -> str:
@@ -135,6 +158,7 @@ def sync() -> SyncReport:
                     "description": d.description,
                     "overflow": d.overflow,
                     "paused_policy": d.paused_policy,
+                    "spend_cap": d.spend_cap,
                     "defined_in_settings": True,
                 },
             )
@@ -147,6 +171,7 @@ def sync() -> SyncReport:
                 "description": d.description,
                 "overflow": d.overflow,
                 "paused_policy": d.paused_policy,
+                "spend_cap": d.spend_cap,
                 "defined_in_settings": True,
                 "retiring": False,
             }
@@ -336,7 +361,15 @@ def set_paused(name: str, paused: bool) -> bool:
 # --------------------------------------------------------------------------- pool CRUD (API)
 
 #: Fields of a pool that :func:`update_pool` may change (the name is fixed: entries name it).
-EDITABLE = ("slots", "max_queued", "paused", "description", "overflow", "paused_policy")
+EDITABLE = (
+    "slots",
+    "max_queued",
+    "paused",
+    "description",
+    "overflow",
+    "paused_policy",
+    "spend_cap",
+)
 
 
 def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -363,6 +396,8 @@ def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
                 out[key] = _choice(value, OverflowPolicy, "", key)
             elif key == "paused_policy":
                 out[key] = _choice(value, PausedPolicy, "", key)
+            elif key == "spend_cap":
+                out[key] = _spend_cap(value, "spend_cap")
             else:
                 raise PoolConfigurationError(
                     f"Unknown pool field {key!r}; allowed: name, {', '.join(EDITABLE)}."
