@@ -2,7 +2,7 @@
 the one place their rows are decoded.
 
 Enqueue, settle+admit and start each run as one call of a function created by migration
-0011 (``pools/pg/sql/admission_v5.sql``): one round trip, so a pool's row lock is held for
+0017 (``pools/pg/sql/admission_v7_spend.sql``): one round trip, so a pool's row lock is held for
 the time the database needs, not for a dozen client round trips. The functions implement
 the contract of ``docs/concepts/contract.md`` like :mod:`pools.core.admission` does, and hand
 anything unusual (multi-pool heads, deadlines, due multi-pool entries) back to it. They
@@ -53,9 +53,9 @@ def listening() -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Row:
-    """One row of a v5 function (``pools_out_v5``): each column has one meaning.
+    """One row of a v7 function (``pools_out_v7``): each column has one meaning.
 
-    ``kind`` says which columns are set (see the comment above ``pools_out_v5``).
+    ``kind`` says which columns are set (see the comment above ``pools_out_v7``).
     """
 
     #: refused, enqueued, settled, started, admitted, fallback, wake or event.
