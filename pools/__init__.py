@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from pools.core.leases import Claim
     from pools.core.snapshots import PoolSnapshot
     from pools.models import QueueEntry
+    from pools.specs import KeySource
 
 T = TypeVar("T")
 
@@ -77,15 +78,28 @@ def pooled(
     *,
     priority: int = 0,
     queue_timeout: float | None = None,
+    concurrency_policy: str = "allow",
+    job_key: KeySource = None,
+    idempotency_key: KeySource = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`.
 
     ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
     ``@pooled({"warehouse": 1, "partner-api": 1})``; arguments are checked at once.
+    ``concurrency_policy`` (``allow``, ``forbid``, ``replace``, ``skip``), ``job_key`` and
+    ``idempotency_key`` (callables of the task's arguments): see the job policies how-to.
     """
     from pools.celery.decorators import pooled as _pooled
 
-    return _pooled(pools, slots, priority=priority, queue_timeout=queue_timeout)
+    return _pooled(
+        pools,
+        slots,
+        priority=priority,
+        queue_timeout=queue_timeout,
+        concurrency_policy=concurrency_policy,
+        job_key=job_key,
+        idempotency_key=idempotency_key,
+    )
 
 
 def cancel(key: str, *, terminate: bool = False) -> QueueEntry:

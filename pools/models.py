@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
 from pools.querysets import DemandQuerySet, QueueEntryQuerySet
@@ -39,6 +39,8 @@ DEMAND_STATES = [*EntryState.choices, (DELAYED, _("delayed (not yet due)"))]
 
 #: States whose entries hold slots (the claim).
 HELD_STATES = (EntryState.ADMITTED, EntryState.RUNNING)
+#: States of an entry that has not finished (an idempotency key is taken while in one).
+UNFINISHED_STATES = (EntryState.WAITING, EntryState.ADMITTED, EntryState.RUNNING)
 #: States an entry never leaves.
 TERMINAL_STATES = (
     EntryState.SUCCEEDED,
@@ -247,6 +249,21 @@ class QueueEntry(models.Model):
     pinned_worker = models.CharField(
         _("pinned worker"), max_length=255, blank=True, default="", db_default=""
     )
+    #: ``idempotency_key`` while the entry is waiting, admitted or running, else NULL: a
+    #: stored generated column with a plain unique index (NULLs never collide), so the
+    #: database itself refuses a second unfinished entry with the same key, on PostgreSQL,
+    #: SQLite and MariaDB alike (MariaDB has no partial indexes). Computed by the database
+    #: on every insert and update: no code path has to remember to clear it.
+    idempotency_active = models.GeneratedField(
+        expression=Case(
+            When(state__in=UNFINISHED_STATES, then=F("idempotency_key")),
+            default=Value(None),
+            output_field=models.CharField(max_length=255, null=True),
+        ),
+        output_field=models.CharField(max_length=255, null=True),
+        db_persist=True,
+        verbose_name=_("active idempotency key"),
+    )
 
     objects = QueueEntryQuerySet.as_manager()
 
@@ -286,11 +303,18 @@ class QueueEntry(models.Model):
             models.Index(
                 fields=["root_id"], name="pools_entry_root", condition=models.Q(root_id__gt="")
             ),
-            # Unfinished entries of a job (``forbid``: is another instance held?).
+            # Unfinished entries of a job (concurrency policies, superseded retries,
+            # periodic task changes): entries without a job are not in it.
             models.Index(
                 fields=["job"],
                 name="pools_entry_job",
                 condition=models.Q(job__gt="", finished_at__isnull=True),
+            ),
+        ]
+        constraints = [
+            # One unfinished entry per idempotency key (see ``idempotency_active``).
+            models.UniqueConstraint(
+                fields=["idempotency_active"], name="pools_entry_idempotency_active"
             ),
         ]
 

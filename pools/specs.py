@@ -7,7 +7,7 @@ applied), by per-call overrides and by the enqueue service.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,7 +17,25 @@ from pools.exceptions import PoolConfigurationError
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 
 #: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
-CALL_OPTIONS = frozenset({"priority", "queue_timeout", "worker", "budget"})
+CALL_OPTIONS = frozenset(
+    {
+        "priority",
+        "queue_timeout",
+        "worker",
+        "concurrency_policy",
+        "job_key",
+        "idempotency_key",
+        "budget",
+    }
+)
+#: Concurrency policies (``pools.models.ConcurrencyPolicy``; listed here, which imports no model).
+POLICIES = ("allow", "forbid", "replace", "skip")
+#: Longest job key or idempotency key (the columns hold 255 characters with the task name).
+MAX_KEY_LENGTH = 200
+
+#: A job key or idempotency key: a fixed string (per call) or a callable of the task's
+#: arguments (``@pooled``) returning one (or None: no key for that call).
+KeySource = Callable[..., object] | str | None
 
 #: The kinds of run budget, in the order they are checked and shown.
 BUDGET_KINDS = ("seconds", "cost", "tokens")
@@ -141,6 +159,55 @@ def _validate_timeout(value: object) -> float | None:
     return float(value)
 
 
+def validate_policy(value: object) -> str:
+    """Return ``value`` if it is a concurrency policy, else raise ``PoolConfigurationError``."""
+    if not isinstance(value, str) or value not in POLICIES:
+        raise PoolConfigurationError(
+            f"concurrency_policy must be one of {', '.join(POLICIES)}, got {value!r}."
+        )
+    return value
+
+
+def validate_key(value: object, *, what: str) -> str:
+    """Return ``value`` if it is a usable job or idempotency key (non-empty text, at most
+    :data:`MAX_KEY_LENGTH` characters), else raise ``PoolConfigurationError``."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_KEY_LENGTH:
+        raise PoolConfigurationError(
+            f"{what} must be a non-empty string of at most {MAX_KEY_LENGTH} characters, "
+            f"got {value!r}."
+        )
+    return value
+
+
+def _validate_key_source(value: object, *, what: str) -> KeySource:
+    if value is None or callable(value):
+        return value
+    return validate_key(value, what=what)
+
+
+def resolve_key(source: KeySource, args: object, kwargs: object, *, what: str) -> str | None:
+    """The key of one call: the string itself, or what the callable returns for the call's
+    arguments (``None`` means no key). A bad result raises ``PoolConfigurationError``."""
+    if source is None:
+        return None
+    if isinstance(source, str):
+        return source
+    call_args = list(args) if isinstance(args, list | tuple) else []
+    call_kwargs = dict(kwargs) if isinstance(kwargs, Mapping) else {}
+    try:
+        value = source(*call_args, **call_kwargs)
+    except Exception as exc:
+        raise PoolConfigurationError(
+            f"The {what} callable {getattr(source, '__qualname__', source)!r} failed for this "
+            f"call: {type(exc).__name__}: {exc}. It receives the task's args and kwargs."
+        ) from exc
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    return validate_key(value, what=f"The value of the {what} callable")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PoolSpec:
     """What one pooled task asks of its pools."""
@@ -153,6 +220,14 @@ class PoolSpec:
     queue_timeout: float | None = None
     #: Node affinity (per call): the Celery hostname (``w1@host``) that alone may run it.
     worker: str = ""
+    #: What a new entry does while another entry of the same job waits or runs.
+    concurrency_policy: str = "allow"
+    #: Distinguishes jobs of one task ("same job" = task name + key; beat fires: the periodic
+    #: task's name). A callable of the task's arguments (decorator) or a string (per call).
+    job_key: KeySource = None
+    #: A submit whose key matches an unfinished entry returns that entry: a callable of the
+    #: task's arguments (decorator) or a string (per call).
+    idempotency_key: KeySource = None
     #: Per call, on the first task of a run: the run's budget (:class:`Budget`).
     budget: Budget | None = None
 
@@ -170,6 +245,9 @@ class PoolSpec:
             validate_slots(slots, what=f"slots for pool {validate_pool_name(name)!r}")
         _validate_priority(self.priority)
         _validate_timeout(self.queue_timeout)
+        validate_policy(self.concurrency_policy)
+        _validate_key_source(self.job_key, what="job_key")
+        _validate_key_source(self.idempotency_key, what="idempotency_key")
         if list(self.demand) != sorted(self.demand) or not isinstance(self.demand, dict):
             object.__setattr__(self, "demand", dict(sorted(self.demand.items())))
 
@@ -181,32 +259,40 @@ class PoolSpec:
         *,
         priority: int = 0,
         queue_timeout: float | None = None,
+        concurrency_policy: str = "allow",
+        job_key: KeySource = None,
+        idempotency_key: KeySource = None,
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec."""
         return cls(
             demand=normalize_demand(pools, slots),
             priority=_validate_priority(priority),
             queue_timeout=_validate_timeout(queue_timeout),
+            concurrency_policy=validate_policy(concurrency_policy),
+            job_key=_validate_key_source(job_key, what="job_key"),
+            idempotency_key=_validate_key_source(idempotency_key, what="idempotency_key"),
         )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:
         """Build from a settings mapping ``{"pools": ..., "slots": ..., "priority": ...}``."""
-        unknown = set(data) - {"pools", "slots", "priority", "queue_timeout"}
+        unknown = set(data) - {"pools", "slots", "priority", "queue_timeout", "concurrency_policy"}
         if unknown or "pools" not in data:
             raise PoolConfigurationError(
                 f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required), "
-                f"'slots', 'priority', 'queue_timeout'."
+                f"'slots', 'priority', 'queue_timeout', 'concurrency_policy'."
             )
         return cls.build(
             data["pools"],
             data.get("slots", 1),
             priority=data.get("priority", 0),
             queue_timeout=data.get("queue_timeout"),
+            concurrency_policy=data.get("concurrency_policy", "allow"),
         )
 
     def with_call_options(self, options: Mapping[str, Any] | None) -> PoolSpec:
-        """Apply a call's ``pool_options`` (``priority``, ``queue_timeout``) to this spec."""
+        """Apply a call's ``pool_options`` to this spec (``priority``, ``queue_timeout``,
+        ``concurrency_policy``, and ``job_key`` / ``idempotency_key`` as strings)."""
         if not options:
             return self
         if not isinstance(options, Mapping):
@@ -225,6 +311,12 @@ class PoolSpec:
             changes["queue_timeout"] = _validate_timeout(options["queue_timeout"])
         if "worker" in options:
             changes["worker"] = validate_worker(options["worker"])
+        if "concurrency_policy" in options:
+            changes["concurrency_policy"] = validate_policy(options["concurrency_policy"])
+        for name in ("job_key", "idempotency_key"):
+            if name in options:  # per call: the key itself (None: no key for this call)
+                value = options[name]
+                changes[name] = None if value is None else validate_key(value, what=name)
         if "budget" in options:
             raw = options["budget"]
             changes["budget"] = None if raw is None else Budget.from_mapping(raw)

@@ -244,6 +244,11 @@ class JobStartedSerializer(serializers.Serializer[Any]):
     queue_id = serializers.IntegerField(required=False)
     pool = serializers.CharField(required=False, help_text="First pool by name.")
     pools = serializers.ListField(child=serializers.CharField(), required=False)
+    existing = serializers.BooleanField(
+        required=False,
+        help_text="True when nothing new was queued: an unfinished entry of the job (skip) or "
+        "with the same idempotency key exists; key and queue_id are that entry's.",
+    )
 
 
 def _field_check(field: str, value: Any) -> Any:

@@ -390,5 +390,10 @@ class JobStartView(PoolsAPIView):
             raise refused from exc
         body: dict[str, Any] = {"queued": started.queued, "key": started.key}
         if started.queued:
-            body.update(queue_id=started.queue_id, pool=started.pool, pools=started.pools)
+            body.update(
+                queue_id=started.queue_id,
+                pool=started.pool,
+                pools=started.pools,
+                existing=started.existing,
+            )
         return Response(body, status=status.HTTP_202_ACCEPTED)

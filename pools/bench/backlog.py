@@ -276,9 +276,14 @@ def _copy_orm(
 
 
 def _columns(model: Any, overrides: dict[str, str], alias: str) -> tuple[str, str]:
-    """``(column list, select list)`` copying every column but the primary key from ``alias``."""
+    """``(column list, select list)`` copying every column but the primary key (and generated
+    columns, which the database computes) from ``alias``."""
     qn = connection.ops.quote_name
-    names = [f.column for f in model._meta.concrete_fields if not f.primary_key]
+    names = [
+        f.column
+        for f in model._meta.concrete_fields
+        if not f.primary_key and not getattr(f, "generated", False)
+    ]
     select = [overrides.get(name, f"{alias}.{qn(name)}") for name in names]
     return ", ".join(qn(n) for n in names), ", ".join(select)
 

@@ -22,7 +22,7 @@ from celery.local import PromiseProxy, Proxy
 
 from pools.celery import worker
 from pools.exceptions import PoolConfigurationError
-from pools.specs import PoolSpec
+from pools.specs import KeySource, PoolSpec
 
 T = TypeVar("T")
 
@@ -36,14 +36,31 @@ def pooled(
     *,
     priority: int = 0,
     queue_timeout: float | None = None,
+    concurrency_policy: str = "allow",
+    job_key: KeySource = None,
+    idempotency_key: KeySource = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by one or more named resource pools.
 
     ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
     ``@pooled({"warehouse": 1, "partner-api": 1})``. Arguments are checked now;
     a bad one raises :class:`~pools.exceptions.PoolConfigurationError` at import.
+
+    ``concurrency_policy`` (``allow``, ``forbid``, ``replace``, ``skip``) says what a new
+    entry does while another entry of the same job waits or runs; ``job_key`` (a callable
+    of the task's arguments) tells jobs of one task apart; ``idempotency_key`` (a callable
+    of the task's arguments) makes a submit whose key matches an unfinished entry return
+    that entry's result instead of queueing another.
     """
-    spec = PoolSpec.build(pools, slots, priority=priority, queue_timeout=queue_timeout)
+    spec = PoolSpec.build(
+        pools,
+        slots,
+        priority=priority,
+        queue_timeout=queue_timeout,
+        concurrency_policy=concurrency_policy,
+        job_key=job_key,
+        idempotency_key=idempotency_key,
+    )
 
     def decorate(obj: T) -> T:
         kind = type(obj)  # type(), not isinstance(): a Proxy would evaluate itself

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -35,10 +36,73 @@ from pools.celery.messages import (
     ORIGIN_OPTION,
 )
 from pools.core import admission
-from pools.core.records import BUDGET_OPTION, Admission, Finished, Submission
+from pools.core.locking import unavailable_on_error
+from pools.core.records import BUDGET_OPTION, Admission, Enqueued, Finished, Submission
 from pools.exceptions import PoolConfigurationError, PoolUnavailable
-from pools.models import Origin
-from pools.specs import PoolSpec
+from pools.models import ConcurrencyPolicy, Origin, QueueEntry
+from pools.specs import PoolSpec, resolve_key
+
+#: Prefix of the idempotency key a ``skip`` entry takes for its job.
+SKIP_KEY_PREFIX = "job:"
+
+
+@dataclass(frozen=True)
+class JobFields:
+    """A call's job, concurrency policy and idempotency key (SPEC §7)."""
+
+    job: str = ""
+    policy: str = ConcurrencyPolicy.ALLOW.value
+    idempotency_key: str | None = None
+
+
+def job_fields(name: str, args: Any, kwargs: Any, spec: PoolSpec, headers: Any) -> JobFields:
+    """The job (what "same job" means for policies) and the keys of one call.
+
+    The job is the periodic task's name for beat fires and manual starts, else the task
+    name plus its job key; it is recorded when there is a key or a policy other than
+    ``allow`` (and for every beat fire: a newer fire supersedes the job's queued retries,
+    and a changed periodic task cancels its waiting fires). ``skip`` takes its job as
+    idempotency key when the call has none of its own.
+    """
+    periodic = refusals.periodic_name(headers)
+    key = resolve_key(spec.job_key, args, kwargs, what="job_key")
+    policy = spec.concurrency_policy
+    if periodic:
+        job = periodic
+    elif key is not None:
+        job = f"{name}:{key}"
+    elif policy != ConcurrencyPolicy.ALLOW:
+        job = name
+    else:
+        job = ""
+    if len(job) > 255:
+        raise PoolConfigurationError(
+            f"The job name {job[:60]!r}... is longer than 255 characters: use a shorter job_key."
+        )
+    idempotency = resolve_key(spec.idempotency_key, args, kwargs, what="idempotency_key")
+    if idempotency is None and policy == ConcurrencyPolicy.SKIP:
+        idempotency = f"{SKIP_KEY_PREFIX}{job}"[:255]
+    return JobFields(job=job, policy=policy, idempotency_key=idempotency)
+
+
+class ExistingEntry(Exception):
+    """Raised through ``send_task`` when the submit matched an unfinished entry."""
+
+    def __init__(self, enqueued: Enqueued, fields: JobFields) -> None:
+        super().__init__(enqueued.key)
+        self.enqueued = enqueued
+        self.fields = fields
+
+    def reason(self) -> str:
+        """``skipped: <job> is already waiting|running`` (or the idempotency key's)."""
+        state = "waiting" if self.enqueued.existing_state == "waiting" else "running"
+        if (
+            self.fields.policy == ConcurrencyPolicy.SKIP
+            and self.fields.idempotency_key == (f"{SKIP_KEY_PREFIX}{self.fields.job}"[:255])
+        ):
+            return f"skipped: {self.fields.job} is already {state}"
+        return f"skipped: idempotency key {self.fields.idempotency_key} is already {state}"
+
 
 logger = logging.getLogger("pools.celery.gate")
 
@@ -155,7 +219,15 @@ def _gated_send_task(
     if beat_fire and not options.get("task_id"):
         options["task_id"] = uuid()  # what send_task would pick: the id of a dropped fire
     try:
-        return _submit(self, name, args, kwargs, spec, options, origin)
+        # In the try: a failing job_key / idempotency_key callable drops a beat fire too.
+        fields = job_fields(name, args, kwargs, spec, options.get("headers"))
+        return _submit(self, name, args, kwargs, spec, options, origin, fields)
+    except ExistingEntry as existing:
+        # Nothing was queued: the caller gets the unfinished entry's result.
+        if beat_fire:
+            job = refusals.job_name(options.get("headers"), name)
+            refusals.warn_skipped(job, ", ".join(spec.pools), existing.reason())
+        return self.AsyncResult(existing.enqueued.key)
     except Exception as exc:
         refused = refusals.as_pool_error(exc, name)
         if refused is None:
@@ -196,6 +268,7 @@ def _submit(
     spec: PoolSpec,
     options: dict[str, Any],
     origin: Origin | None = None,
+    fields: JobFields | None = None,
 ) -> Any:
     """Let Celery build the message as it would publish it, and put it in line instead.
 
@@ -213,7 +286,7 @@ def _submit(
         options["headers"] = {k: v for k, v in headers.items() if k not in dropped}
 
     def enqueue(message: messages.HeldMessage) -> None:
-        _enqueue_held(message, spec, origin)
+        _enqueue_held(message, spec, origin, fields or JobFields())
 
     connection = options.pop("connection", None)
     given = options.pop("producer", None) or options.pop("publisher", None)
@@ -227,23 +300,48 @@ def _submit(
         return _original_send_task(app, name, args, kwargs, producer=capture, **options)
 
 
-def _enqueue_held(message: messages.HeldMessage, spec: PoolSpec, origin: Origin | None) -> None:
+def _enqueue_held(
+    message: messages.HeldMessage, spec: PoolSpec, origin: Origin | None, fields: JobFields
+) -> None:
     refusals.check_size(message.task_name, message.body)
     headers = message.headers
     headers.pop(CLAIM_HEADER, None)
     headers.pop(BUDGET_HEADER, None)
     if origin is None:
         origin = Origin.BEAT if headers.get("periodic_task_name") else Origin.CODE
-    args, kwargs = _display(message)
-    expires = message.header_time("expires")
-    stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
-    if expires is not None:
-        stored["expires"] = expires.isoformat()
     try:
-        admission.enqueue(_submission(message, spec, origin, args, kwargs, stored, expires))
+        fields = _inherited(fields, message.task_id, int(headers.get("retries") or 0))
+        if fields.job:
+            headers[messages.JOB_HEADER] = fields.job
+        args, kwargs = _display(message)
+        expires = message.header_time("expires")
+        stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
+        if expires is not None:
+            stored["expires"] = expires.isoformat()
+        sub = _submission(message, spec, origin, args, kwargs, stored, expires, fields)
+        enqueued = admission.enqueue(sub)
     except PoolUnavailable:
         _drop_broken_connection()
         raise
+    if not enqueued.created:
+        raise ExistingEntry(enqueued, fields)
+
+
+def _inherited(fields: JobFields, task_id: str, attempt: int) -> JobFields:
+    """A retry (sent by the task, without the call's ``pool_options`` and often without
+    beat's headers) keeps the job, policy and key of the attempt that sent it."""
+    if not attempt or fields.job or fields.idempotency_key is not None:
+        return fields
+    with unavailable_on_error(f"reading entry {task_id}"):
+        row = (
+            QueueEntry.objects.filter(key=task_id)
+            .order_by("-queue_id")
+            .values_list("job", "concurrency_policy", "idempotency_key")
+            .first()
+        )
+    if row is None or not (row[0] or row[2]):
+        return fields
+    return JobFields(job=row[0], policy=row[1], idempotency_key=row[2])
 
 
 def _submission(
@@ -254,8 +352,10 @@ def _submission(
     kwargs: Any,
     stored: dict[str, Any],
     expires: datetime | None,
+    fields: JobFields | None = None,
 ) -> Submission:
     headers = message.headers
+    fields = fields or JobFields()
     return Submission(
         key=message.task_id,
         task_name=message.task_name,
@@ -270,6 +370,9 @@ def _submission(
         parent_id=str(headers.get("parent_id") or ""),
         attempt=int(headers.get("retries") or 0),
         pinned_worker=spec.worker,
+        job=fields.job,
+        concurrency_policy=fields.policy,
+        idempotency_key=fields.idempotency_key,
     )
 
 

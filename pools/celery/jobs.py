@@ -34,6 +34,9 @@ class JobStarted:
     pool: str | None = None
     #: Every pool the task asks for, by name.
     pools: list[str] = field(default_factory=list)
+    #: True when nothing new was queued: an unfinished entry of the job (``skip``) or with
+    #: the same idempotency key exists, and ``key`` / ``queue_id`` are that entry's.
+    existing: bool = False
 
 
 def _json_field(raw: str | None, default: Any, name: str, what: str) -> Any:
@@ -87,19 +90,25 @@ def start_job(name: str, *, origin: Origin = Origin.MANUAL, worker: str = "") ->
             )
         options[gate.CALL_OPTION] = {"worker": worker}
     try:
-        current_app.send_task(job.task, args, kwargs, task_id=key, **options)
+        result = current_app.send_task(job.task, args, kwargs, task_id=key, **options)
     except PoolError as exc:  # refused or unreachable: nothing was queued
         if spec is not None:
             refusals.warn_dropped(job.name, refusals.pool_of(exc, spec.pools), exc)
         raise
     if not pooled:
         return JobStarted(queued=False, key=key)
-    entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").only("demand").first()
+    existing = result.id != key  # skip / idempotency key: the unfinished entry's id
+    key = result.id
+    entry = QueueEntry.objects.filter(key=key).order_by("-queue_id").only("demand", "state").first()
     names = sorted(entry.demand) if entry is not None else []
+    if existing:
+        state = "waiting" if entry is not None and entry.state == "waiting" else "running"
+        refusals.warn_skipped(job.name, ", ".join(names), f"skipped: {job.name} is already {state}")
     return JobStarted(
         queued=True,
         key=key,
         queue_id=entry.queue_id if entry is not None else None,
         pool=names[0] if names else None,
         pools=names,
+        existing=existing,
     )

@@ -39,6 +39,9 @@ ADMITTED_OPTION = "_pools_admitted"
 ORIGIN_OPTION = "_pools_origin"
 #: The documented ``apply_async`` option for per-call pool overrides.
 CALL_OPTION = "pool_options"
+#: Header of a held message naming its job: when the task succeeds, the worker supersedes
+#: the job's queued retries.
+JOB_HEADER = "pools_job"
 #: Key of the held message inside ``QueueEntry.options``.
 OPTION_KEY = "message"
 #: Format version of the stored form.

@@ -53,6 +53,12 @@ def is_beat_fire(headers: Any, origin: str | None) -> bool:
     return bool(headers.get("periodic_task_name") or headers.get("celery_beat_task"))
 
 
+def periodic_name(headers: Any) -> str:
+    """The ``periodic_task_name`` header of a beat fire or manual start, else ""."""
+    name = headers.get("periodic_task_name") if isinstance(headers, Mapping) else None
+    return str(name or "")
+
+
 def job_name(headers: Any, task: str) -> str:
     """The job's name: the ``periodic_task_name`` header, else the task name."""
     name = headers.get("periodic_task_name") if isinstance(headers, Mapping) else None
@@ -74,3 +80,8 @@ def reason_of(exc: BaseException) -> str:
 def warn_dropped(name: str, pool: str, exc: BaseException) -> None:
     """Log the one warning of a job that could not enter its pool."""
     logger.warning("Job %s could not enter pool %s: %s", name, pool, reason_of(exc))
+
+
+def warn_skipped(name: str, pool: str, reason: str) -> None:
+    """The warning of a beat fire that was not queued (``skip`` or a held idempotency key)."""
+    logger.warning("Job %s could not enter pool %s: %s", name, pool, reason)

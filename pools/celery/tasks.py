@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+from pools.celery import beat
 from pools.core import admission, sweeps
 
 
@@ -12,7 +13,9 @@ from pools.core import admission, sweeps
 def sweep() -> dict[str, int]:
     """One sweep pass; scheduled by celery-beat every ``POOLS['SWEEP_SECONDS']``."""
     report = sweeps.sweep()
+    cancelled = beat.cancel_stale_fires()  # periodic tasks changed behind the signals' back
     return {
+        "cancelled": cancelled,
         "requeued": report.requeued,
         "expired": report.expired,
         "admitted": report.admitted,

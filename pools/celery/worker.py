@@ -227,11 +227,16 @@ def _settle_after_run(
             return
         outcome = OUTCOMES.get(state or "", "failed")
         try:
-            admission.settle(claim.entry_id, claim.token, outcome, live_lease=True)
+            settled = admission.settle(claim.entry_id, claim.token, outcome, live_lease=True)
         except Exception:
             # The keeper logs "pool <name>: retry settlement deferred" once per outage.
             logger.debug("Could not settle entry %s now", claim.entry_id, exc_info=True)
             keeper.defer_settle(claim, outcome, expires_at or claim.lease_expires_at)
+            return
+        job = getattr(getattr(sender, "request", None), messages.JOB_HEADER, None)
+        if settled and outcome == "succeeded" and job:
+            # A success of the job supersedes its queued retries (SPEC §7).
+            admission.supersede_retries(str(job), reason=f"job {job} succeeded ({task_id})")
     except Exception:
         logger.exception("Could not release entry %s; its lease will lapse", claim.entry_id)
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
@@ -70,6 +70,7 @@ from pools.models import (
     Demand,
     EntryState,
     EventKind,
+    Origin,
     OverflowPolicy,
     PausedPolicy,
     Pool,
@@ -85,6 +86,11 @@ LINE_BATCH = 200
 MAX_PASSES = 4
 #: At most this many delayed entries join the line per admission pass (the rest next pass).
 PROMOTE_BATCH = 500
+#: Named in the database's message when a second unfinished entry takes an idempotency key
+#: (the column on SQLite, the unique constraint on PostgreSQL and MariaDB).
+IDEMPOTENCY_COLUMN = "idempotency_active"
+#: Entries of one job ended per call of :func:`end_waiting_of_job` (the next call takes the rest).
+JOB_BATCH = 500
 
 
 @dataclass(kw_only=True)
@@ -404,6 +410,7 @@ def _finish_waiting(
     kinds: dict[EntryState, EventKind] = {
         EntryState.EXPIRED: EventKind.EXPIRED,
         EntryState.CANCELLED: EventKind.CANCELLED,
+        EntryState.SUPERSEDED: EventKind.SUPERSEDED,
     }
     kind = kinds.get(state, EventKind.REJECTED)
     events.record(kind, entries, at=now, detail={"reason": reason})
@@ -479,20 +486,61 @@ def enqueue(sub: Submission) -> Enqueued:
     Raises :class:`UnknownPool`, :class:`DemandExceedsCapacity`, :class:`PoolPaused`,
     :class:`PoolDraining`, :class:`PoolFull` or :class:`PoolUnavailable`; nothing is written
     when it raises. A full pool whose overflow policy drops an entry drops it instead.
+
+    A submit with an idempotency key (``skip``: its job's) that matches an unfinished entry
+    creates nothing and returns that entry (``created=False``); the database's unique index
+    decides between concurrent submits. Submits with a job, a policy, a key or a pinned
+    worker take the Python path on every database (the PostgreSQL functions insert plain
+    entries only; they also hand any enqueue a pool policy decides to the Python path).
     """
     now = timezone.now()
     deadline = _deadline(sub, now)
-    if budgets.may_have_budget(sub) and (
+    budgeted = budgets.may_have_budget(sub) and bool(
         sub.spec.budget or budgets.has_budget(budgets.run_id_of(sub))
-    ):
-        return _enqueue_in_budgeted_run(sub, now, deadline)
-    # Entries with a job or a pinned worker carry columns the fast-path functions do not
-    # write: they are enqueued on the Python path (so is any enqueue a pool policy decides).
-    if fastpath.enabled() and not (sub.job or sub.pinned_worker):
+    )
+    # A task of a run with a budget takes the Python path: its run's row is locked first.
+    if sub.plain and not budgeted and fastpath.enabled():
         enqueued = _enqueue_in_one_call(sub, now, deadline)
         if enqueued is not None:
             return enqueued
-    return _enqueue_locked(sub, now, deadline)
+    key = sub.idempotency_key
+    if key is not None:
+        with unavailable_on_error(f"pools {', '.join(sorted(sub.spec.demand))}"):
+            existing = holder_of(key, other_than=sub.key)
+        if existing is not None:
+            return existing
+    locked = _enqueue_in_budgeted_run if budgeted else _enqueue_locked
+    for _ in range(2):
+        try:
+            return locked(sub, now, deadline)
+        except IntegrityError as exc:
+            if key is None or IDEMPOTENCY_COLUMN not in str(exc):
+                raise
+        # Another submit with the same key committed first: hand back its entry.
+        existing = holder_of(key, other_than=sub.key)
+        if existing is not None:
+            return existing
+        now = timezone.now()  # it finished meanwhile: the key is free again, try once more
+    raise IntegrityError(f"idempotency key {key!r} stayed taken by an entry that finished")
+
+
+def holder_of(key: str, *, other_than: str = "") -> Enqueued | None:
+    """The unfinished entry holding idempotency ``key`` (as a non-created :class:`Enqueued`).
+
+    ``other_than`` (a Celery task id) is ignored: a retry takes its key over from the
+    attempt that sends it.
+    """
+    row = (
+        QueueEntry.objects.filter(idempotency_active=key)
+        .exclude(key=other_than)
+        .values_list("queue_id", "key", "state")
+        .first()
+    )
+    if row is None:
+        return None
+    return Enqueued(
+        entry_id=row[0], key=row[1], admitted=False, created=False, existing_state=row[2]
+    )
 
 
 def _enqueue_in_budgeted_run(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
@@ -516,6 +564,11 @@ def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -
     spec = sub.spec
     with locked_pools(spec.demand) as pools:
         dropped = _refuse(spec.demand, pools, now)
+        if sub.attempt and sub.idempotency_key is not None:
+            # A retry is sent by its running attempt, which holds the key: the key moves on.
+            QueueEntry.objects.filter(
+                key=sub.key, idempotency_key=sub.idempotency_key, state__in=HELD_STATES
+            ).update(idempotency_key=None)
         entry = QueueEntry.objects.create(
             key=sub.key,
             task_name=sub.task_name,
@@ -534,6 +587,7 @@ def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -
             job=sub.job,
             concurrency_policy=sub.concurrency_policy,
             pinned_worker=sub.pinned_worker,
+            idempotency_key=sub.idempotency_key,
         )
         delayed = sub.not_before is not None and sub.not_before > now
         Demand.objects.bulk_create(
@@ -550,15 +604,103 @@ def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -
         events.transition(EventKind.ENQUEUED, [entry], at=now)
         if delayed and sub.not_before is not None:
             _note_due(pools, spec.demand, sub.not_before)
+        superseded, elsewhere = _supersede_on_enqueue(sub, entry, pools, now)
         step = _admit_locked(pools, now)  # also schedules the wake-up of a delayed entry
-        dispatch.after_commit(step.admissions, [*dropped, *step.finished], step.wake)
+        dispatch.after_commit(step.admissions, [*dropped, *superseded, *step.finished], step.wake)
     # Admitted by this call's own pass or by its follow-up pass (as on the fast path).
     admissions = [*step.admissions, *_follow_up(_still_needed(step, pools))]
+    if elsewhere is not None:  # older entries of the job in other pools (a changed demand)
+        end_waiting_of_job(sub.job, **elsewhere)
     return Enqueued(
         entry_id=entry.queue_id,
         key=entry.key,
         admitted=any(a.entry_id == entry.queue_id for a in admissions),
     )
+
+
+def _supersede_on_enqueue(
+    sub: Submission, entry: QueueEntry, pools: dict[str, Pool], now: datetime
+) -> tuple[list[Finished], dict[str, Any] | None]:
+    """End the waiting entries of the new entry's job that it supersedes (SPEC §7).
+
+    ``replace``: every older waiting entry of the job. A scheduled fire (beat, first
+    attempt): the job's queued retries. Those in the locked pools end in this transaction;
+    returns them, and the arguments of :func:`end_waiting_of_job` for any others.
+    """
+    if not sub.job:
+        return [], None
+    if sub.concurrency_policy == ConcurrencyPolicy.REPLACE:
+        reason, retries_only = f"replaced by a newer entry of job {sub.job} ({sub.key})", False
+    elif sub.origin == Origin.BEAT and not sub.attempt:
+        reason, retries_only = f"superseded by a newer fire of job {sub.job} ({sub.key})", True
+    else:
+        return [], None
+    older = _waiting_of_job(sub.job, retries_only=retries_only).exclude(pk=entry.pk)
+    mine, others = [], False
+    for row in older[:JOB_BATCH]:
+        if set(row.demand) <= pools.keys():
+            mine.append(row)
+        else:
+            others = True
+    finished = _finish_waiting(mine, EntryState.SUPERSEDED, now, reason=reason) if mine else []
+    rest = {"state": EntryState.SUPERSEDED, "reason": reason, "retries_only": retries_only}
+    return finished, ({**rest, "exclude": entry.pk} if others else None)
+
+
+def _waiting_of_job(job: str, *, retries_only: bool = False) -> Any:
+    """Waiting entries of ``job`` (index ``pools_entry_job``), oldest first."""
+    rows = QueueEntry.objects.filter(
+        job=job, finished_at__isnull=True, state=EntryState.WAITING
+    ).order_by("queue_id")
+    return rows.filter(attempt__gt=0) if retries_only else rows
+
+
+def end_waiting_of_job(
+    job: str,
+    *,
+    state: EntryState,
+    reason: str,
+    retries_only: bool = False,
+    origins: Sequence[str] = (),
+    exclude: int | None = None,
+    ids: Sequence[int] | None = None,
+) -> int:
+    """End the waiting entries of ``job`` (``superseded`` or ``cancelled``) with ``reason``.
+
+    Used when a job's retries are superseded (a success, a cancellation) and when its
+    periodic task changes (``origins``: only entries from beat fires and manual starts;
+    ``ids``: only these entries).
+    Each group of pools is locked in turn; their results become revocations after commit.
+    Returns how many entries ended.
+    """
+    if not job:
+        return 0
+    rows = _waiting_of_job(job, retries_only=retries_only)
+    if origins:
+        rows = rows.filter(origin__in=list(origins))
+    if exclude is not None:
+        rows = rows.exclude(pk=exclude)
+    if ids is not None:
+        rows = rows.filter(pk__in=list(ids))
+    with unavailable_on_error(f"ending waiting entries of job {job}"):
+        found = list(rows.values_list("queue_id", "demand")[:JOB_BATCH])
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for queue_id, demand in found:
+        groups.setdefault(tuple(sorted(demand)), []).append(queue_id)
+    count = 0
+    for names, ids in groups.items():
+        with locked_pools(names) as pools:
+            entries = list(QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING))
+            finished = _finish_waiting(entries, state, timezone.now(), reason=reason[:255])
+            needs = _admit_in(pools, timezone.now(), finished)
+        _follow_up(needs)
+        count += len(entries)
+    return count
+
+
+def supersede_retries(job: str, *, reason: str) -> int:
+    """A success or a cancellation of ``job``: its queued retries end ``superseded``."""
+    return end_waiting_of_job(job, state=EntryState.SUPERSEDED, reason=reason, retries_only=True)
 
 
 def _refuse(demand: dict[str, int], pools: dict[str, Pool], now: datetime) -> list[Finished]:
@@ -886,24 +1028,27 @@ def cancel(key: str, *, reason: str = "cancelled", terminate: bool = False) -> Q
     if entry is None:
         raise EntryNotFound(key)
     now = timezone.now()
+    needs: set[str] = set()
     with locked_pools(entry.demand) as pools:
         entry.refresh_from_db()
         if entry.state in HELD_STATES and terminate:
             QueueEntry.objects.filter(pk=entry.pk).update(reason=TERMINATING)
             transaction.on_commit(lambda: dispatch.bridge().terminate(key))
-            return entry
-        if entry.state != EntryState.WAITING:
-            pool = next(iter(entry.demand))
-            if entry.state in HELD_STATES:
-                why = "is already running; pass terminate=True to stop it"
-            else:
-                why = f"is already {entry.state}"
-            raise NotCancellable(
-                f"Entry {key!r} in pool {pool!r} {why}; only waiting entries can be cancelled."
-            )
-        finished = _finish_waiting([entry], EntryState.CANCELLED, now, reason=reason)
-        needs = _admit_in(pools, now, finished)
+        else:
+            if entry.state != EntryState.WAITING:
+                pool = next(iter(entry.demand))
+                if entry.state in HELD_STATES:
+                    why = "is already running; pass terminate=True to stop it"
+                else:
+                    why = f"is already {entry.state}"
+                raise NotCancellable(
+                    f"Entry {key!r} in pool {pool!r} {why}; only waiting entries can be cancelled."
+                )
+            finished = _finish_waiting([entry], EntryState.CANCELLED, now, reason=reason)
+            needs = _admit_in(pools, now, finished)
     _follow_up(needs)
+    if entry.job:  # a cancellation of the job supersedes its queued retries (SPEC §7)
+        supersede_retries(entry.job, reason=f"job {entry.job} was cancelled ({key})")
     entry.refresh_from_db()
     return entry
 

@@ -63,12 +63,19 @@ class Submission:
     parent_id: str = ""
     #: Celery attempt number (``retries``).
     attempt: int = 0
-    #: "Same job" for the concurrency policy (empty: the entry has no job).
+    #: "Same job" for concurrency policies and superseded retries ("" = none).
     job: str = ""
-    #: ``allow``, ``forbid``, ``replace`` or ``skip`` (:class:`pools.models.ConcurrencyPolicy`).
+    #: ``allow``, ``forbid``, ``replace`` or ``skip`` (``ConcurrencyPolicy``).
     concurrency_policy: str = "allow"
+    #: A submit whose key matches an unfinished entry returns that entry (None = no key).
+    idempotency_key: str | None = None
     #: Node affinity: the Celery hostname that alone may run the entry (empty: any worker).
     pinned_worker: str = ""
+
+    @property
+    def plain(self) -> bool:
+        """No job, policy, key or pinned worker: the ordinary submit (the PostgreSQL fast path's case)."""
+        return not self.job and self.idempotency_key is None and not self.pinned_worker
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,3 +119,8 @@ class Enqueued:
     key: str
     #: True when the fast path admitted the entry in the submitter's transaction.
     admitted: bool
+    #: False when nothing was created: an unfinished entry with the same idempotency key
+    #: (or, for ``skip``, of the same job) exists; ``entry_id`` and ``key`` are its.
+    created: bool = True
+    #: The existing entry's state when ``created`` is False (waiting, admitted, running).
+    existing_state: str = ""

@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0011_admission_policies"),
+        ("pools", "0012_idempotency"),
     ]
 
     operations = [

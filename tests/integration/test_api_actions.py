@@ -128,6 +128,7 @@ def test_start_job__pooled_task_is_202_queued(
         "queue_id": entry.queue_id,
         "pool": "warehouse",
         "pools": ["warehouse"],
+        "existing": False,
     }
     assert entry.origin == Origin.MANUAL and entry.args == [1, 2]
 

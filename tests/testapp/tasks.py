@@ -163,3 +163,55 @@ def spend(
         except BudgetExceeded as exc:
             children.append(f"refused: {exc}")
     return {"label": label, "children": children, "stopped_by": charged and charged.stopped_by}
+
+
+def _order_key(order_id: int, *args: Any, **kwargs: Any) -> str:
+    return f"order-{order_id}"
+
+
+@shared_task
+@pooled("warehouse", idempotency_key=_order_key)
+def ship_order(order_id: int, sleep: float = 0.0) -> int:
+    """Idempotent per order: a second submit for an unfinished order returns the first."""
+    time.sleep(sleep)
+    return order_id
+
+
+@shared_task
+@pooled("warehouse", concurrency_policy="skip")
+def skip_job(sleep: float = 0.0) -> float:
+    """A job that is not queued again while one instance waits or runs."""
+    time.sleep(sleep)
+    return time.time()
+
+
+@shared_task
+@pooled("warehouse", concurrency_policy="forbid")
+def forbid_job(n: int = 0) -> int:
+    """A job whose next instance waits (ineligible head) until the previous one finishes."""
+    return n
+
+
+@shared_task
+@pooled("warehouse", concurrency_policy="replace", job_key=lambda tenant, **kw: tenant)
+def replace_job(tenant: str) -> str:
+    """Per tenant: a new entry supersedes the tenant's older waiting entries."""
+    return tenant
+
+
+@shared_task(bind=True)
+@pooled("warehouse", job_key=lambda mode, **kw: "retrying")
+def retrying_job(self: Task, mode: str) -> str:
+    """``retry``: schedules its retry a minute ahead (it waits, delayed); ``ok``: succeeds."""
+    if mode == "retry" and not self.request.retries:
+        raise self.retry(countdown=60, max_retries=1)
+    return mode
+
+
+@shared_task(bind=True)
+@pooled("warehouse", idempotency_key=lambda order_id, **kw: f"flaky-order-{order_id}")
+def flaky_order(self: Task, order_id: int) -> int:
+    """Idempotent per order; its first attempt retries (the retry keeps the key)."""
+    if not self.request.retries:
+        raise self.retry(countdown=3, max_retries=1)
+    return order_id

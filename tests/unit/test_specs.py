@@ -69,3 +69,35 @@ def test_from_dict__settings_form() -> None:
     assert spec.demand == {"a": 1} and spec.priority == 3
     with pytest.raises(PoolConfigurationError, match="expected keys"):
         PoolSpec.from_dict({"pool": "a"})
+
+
+def test_resolve_key__callable_of_the_call_arguments() -> None:
+    from pools.specs import resolve_key
+
+    assert resolve_key(lambda a, b=0: f"k-{a}-{b}", [1], {"b": 2}, what="job_key") == "k-1-2"
+    assert resolve_key(lambda a: a, [7], {}, what="job_key") == "7"  # numbers become text
+    assert resolve_key(lambda a: None, [7], {}, what="job_key") is None  # no key this call
+    assert resolve_key("fixed", [7], {}, what="job_key") == "fixed"
+    assert resolve_key(None, [7], {}, what="job_key") is None
+
+
+def test_resolve_key__a_failing_or_bad_callable_names_itself() -> None:
+    import pytest
+
+    from pools.exceptions import PoolConfigurationError
+    from pools.specs import resolve_key
+
+    def order_key(order_id: int) -> str:
+        return f"order-{order_id}"
+
+    with pytest.raises(PoolConfigurationError, match=r"order_key.*failed for this call"):
+        resolve_key(order_key, [], {"wrong": 1}, what="idempotency_key")
+    with pytest.raises(PoolConfigurationError, match="must be a non-empty string"):
+        resolve_key(lambda: "", [], {}, what="idempotency_key")
+
+
+def test_from_dict__accepts_a_concurrency_policy() -> None:
+    from pools.specs import PoolSpec
+
+    spec = PoolSpec.from_dict({"pools": "warehouse", "concurrency_policy": "skip"})
+    assert spec.concurrency_policy == "skip"

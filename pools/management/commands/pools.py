@@ -154,9 +154,17 @@ class Command(BaseCommand):
         self.stdout.write(f"resumed {name}" if changed else f"{name} was not paused")
 
     def do_sweep(self, **options: Any) -> None:
+        from pools.celery import beat
+
         r = sweeps.sweep()
+        cancelled = beat.cancel_stale_fires()  # periodic tasks changed behind the signals
         self.stdout.write(
             f"requeued {r.requeued}, expired {r.expired}, admitted {r.admitted}, pruned {r.pruned}"
+            + (
+                f", cancelled {cancelled} waiting fires of changed periodic tasks"
+                if cancelled
+                else ""
+            )
         )
 
     def do_cancel(self, key: str, **options: Any) -> None:
