@@ -417,6 +417,7 @@ def create_pool(
     description: str = "",
     overflow: str = OverflowPolicy.REJECT,
     paused_policy: str = PausedPolicy.QUEUE,
+    spend_cap: float | None = None,
 ) -> Pool:
     """Create a pool (admin, API). Raises ``PoolConfigurationError`` (bad field, name taken)."""
     values = validate_fields(
@@ -428,6 +429,7 @@ def create_pool(
             "description": description,
             "overflow": overflow,
             "paused_policy": paused_policy,
+            "spend_cap": spend_cap,
         }
     )
     with transaction.atomic():
