@@ -22,6 +22,7 @@ from pools.exceptions import (
     PoolError,
     PoolFull,
     PoolInUse,
+    PoolKeyError,
     PoolPaused,
     PoolRefused,
     PoolUnavailable,
@@ -55,6 +56,7 @@ __all__ = [
     "PoolError",
     "PoolFull",
     "PoolInUse",
+    "PoolKeyError",
     "PoolPaused",
     "PoolRefused",
     "PoolUnavailable",
@@ -73,7 +75,7 @@ __all__ = [
 
 
 def pooled(
-    pools: str | Mapping[str, int],
+    pools: str | Mapping[str, int] | None = None,
     slots: int = 1,
     *,
     priority: int = 0,
@@ -81,6 +83,7 @@ def pooled(
     concurrency_policy: str = "allow",
     job_key: KeySource = None,
     idempotency_key: KeySource = None,
+    max_running: int | None = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`.
 
@@ -88,6 +91,7 @@ def pooled(
     ``@pooled({"warehouse": 1, "partner-api": 1})``; arguments are checked at once.
     ``concurrency_policy`` (``allow``, ``forbid``, ``replace``, ``skip``), ``job_key`` and
     ``idempotency_key`` (callables of the task's arguments): see the job policies how-to.
+    ``max_running=N``: a task cap, at most N calls of the task admitted at once.
     """
     from pools.celery.decorators import pooled as _pooled
 
@@ -99,7 +103,22 @@ def pooled(
         concurrency_policy=concurrency_policy,
         job_key=job_key,
         idempotency_key=idempotency_key,
+        max_running=max_running,
     )
+
+
+def limit_run(
+    signature: Any,
+    *,
+    max_running: int | None = None,
+    budget: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Send a workflow as one run with a run cap (``max_running``), a budget, or both;
+    see :func:`pools.celery.caps.limit_run`."""
+    from pools.celery import caps
+
+    return caps.limit_run(signature, max_running=max_running, budget=budget, **options)
 
 
 def cancel(key: str, *, terminate: bool = False) -> QueueEntry:
@@ -121,17 +140,6 @@ def snapshot(name: str) -> PoolSnapshot:
     from pools.core import snapshots
 
     return snapshots.snapshot(name)
-
-
-def limit_run(signature: Any, budget: Mapping[str, Any], **options: Any) -> Any:
-    """Send a signature (task, chain, group, chord) as a run with a budget.
-
-    ``pools.limit_run(chain(a.s(), b.s()), budget={"cost": 10, "tokens": 5000,
-    "seconds": 600})``: each limit is optional; see :func:`pools.celery.budgets.limit_run`.
-    """
-    from pools.celery import budgets
-
-    return budgets.limit_run(signature, budget, **options)
 
 
 def charge(*, cost: float = 0, tokens: int = 0) -> Charged | None:

@@ -38,6 +38,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             PoolSpec.from_dict(declared)
         except PoolConfigurationError as exc:
             errors.append(Error(f"POOLS['TASKS'][{name!r}]: {exc}", id="pools.E003"))
+    for pattern, raw in sorted(conf.get().TEMPLATES.items()):
+        try:
+            definitions.parse_template(pattern, raw)
+        except PoolConfigurationError as exc:
+            errors.append(Error(str(exc), id="pools.E030", hint="Fix POOLS['TEMPLATES']."))
+    errors.extend(_check_patterns_have_templates(conf.get()))
+    try:
+        definitions.default_pool()
+    except PoolConfigurationError as exc:
+        errors.append(Error(str(exc), id="pools.E032", hint="Fix POOLS['DEFAULT_POOL']."))
     settings_ = conf.get()
     if settings_.heartbeat_seconds >= settings_.LEASE_SECONDS:
         errors.append(
@@ -47,6 +57,27 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 hint="Leave HEARTBEAT_SECONDS unset (a third of the lease) or lower it.",
             )
         )
+    return errors
+
+
+def _check_patterns_have_templates(settings_: Any) -> list[CheckMessage]:
+    """Every per-key pattern of ``POOLS['TASKS']`` needs a template (``pools.E031``)."""
+    errors: list[CheckMessage] = []
+    for name, declared in sorted(settings_.TASKS.items()):
+        try:
+            spec = PoolSpec.from_dict(declared)
+        except PoolConfigurationError:
+            continue  # reported as pools.E003
+        for pattern in spec.patterns:
+            if pattern not in settings_.TEMPLATES:
+                errors.append(
+                    Error(
+                        f"POOLS['TASKS'][{name!r}] names the per-key pool {pattern!r}, which "
+                        f"has no template.",
+                        id="pools.E031",
+                        hint=f"Add POOLS['TEMPLATES'] = {{{pattern!r}: {{'slots': 1}}}}.",
+                    )
+                )
     return errors
 
 

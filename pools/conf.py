@@ -47,6 +47,15 @@ class PoolsSettings:
     #: Largest message body (bytes, serialized and compressed as Celery would publish it) a
     #: pooled call may hold in the database; a larger call raises ``MessageTooLarge``.
     MAX_MESSAGE_BYTES: int = 1_048_576
+    #: Per-key pools: a template per name pattern used in ``@pooled``, giving the capacity
+    #: of each pool created on first use: ``{"tenant:{tenant_id}": {"slots": 1}}``.
+    TEMPLATES: dict[str, dict[str, Any]]
+    #: A pool made from a template with no unfinished entry for this long is deleted.
+    TEMPLATE_IDLE_SECONDS: float = 3600.0
+    #: Implicit default pool, off when ``None``: ``{"name": "default", "slots": 128,
+    #: "queues": ["celery"]}`` admits every task without ``@pooled`` routed to one of
+    #: ``queues`` through that pool (synced like a pool of ``DEFINITIONS``).
+    DEFAULT_POOL: dict[str, Any] | None = None
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -54,7 +63,7 @@ class PoolsSettings:
         return self.HEARTBEAT_SECONDS or self.LEASE_SECONDS / 3
 
 
-_DICT_KEYS = {"DEFINITIONS", "TASKS"}
+_DICT_KEYS = {"DEFINITIONS", "TASKS", "TEMPLATES"}
 _POSITIVE_NUMBERS = {
     "LEASE_SECONDS",
     "HEARTBEAT_SECONDS",
@@ -62,6 +71,7 @@ _POSITIVE_NUMBERS = {
     "SWEEP_SECONDS",
     "RETENTION_SECONDS",
     "NODE_TIMEOUT_SECONDS",
+    "TEMPLATE_IDLE_SECONDS",
 }
 _BOOLEANS = {"SQL_FAST_PATH"}
 _POSITIVE_INTEGERS = {"MAX_MESSAGE_BYTES"}
@@ -108,6 +118,12 @@ def _load() -> PoolsSettings:
             raise PoolConfigurationError(
                 f"settings.POOLS[{key!r}] must be True or False, got {raw[key]!r}."
             )
+    default_pool = raw.get("DEFAULT_POOL")
+    if default_pool is not None and not isinstance(default_pool, dict):
+        raise PoolConfigurationError(
+            "settings.POOLS['DEFAULT_POOL'] must be None or a dict such as "
+            f"{{'name': 'default', 'slots': 128, 'queues': ['celery']}}, got {default_pool!r}."
+        )
     values.update({k: v for k, v in raw.items() if k not in _DICT_KEYS})
     return PoolsSettings(**values)
 

@@ -187,6 +187,12 @@ class PoolDefinedInSettings(PoolRefused):
         )
 
 
+class PoolKeyError(PoolRefused, ValueError):
+    """A per-key pool (``"tenant:{tenant_id}"``) cannot be named from the call's arguments."""
+
+    code = "pool_key"
+
+
 class UnserializableArguments(PoolRefused):
     """The call's arguments cannot be serialized for the broker, so nothing can be held.
 

@@ -176,6 +176,11 @@ class Pool(models.Model):
         editable=False,
         help_text=_("Created or updated from POOLS['DEFINITIONS'] by 'pools sync'."),
     )
+    #: The ``POOLS["TEMPLATES"]`` pattern a per-key pool was created from on first use
+    #: (empty for other pools); such a pool is deleted when idle (``TEMPLATE_IDLE_SECONDS``).
+    template = models.CharField(
+        _("template"), max_length=100, blank=True, default="", db_default="", editable=False
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 
@@ -386,6 +391,9 @@ class EventKind(models.TextChoices):
     SUPERSEDED = "superseded", _("superseded")
     SKIPPED = "skipped", _("skipped delivery")
     CAPACITY_CHANGED = "capacity", _("capacity changed")
+    POOL_CREATED = "pool_created", _("pool created")
+    POOL_DELETED = "pool_deleted", _("pool deleted")
+    TERMINATE = "terminate", _("termination requested")
 
 
 class PoolEvent(models.Model):
@@ -399,6 +407,9 @@ class PoolEvent(models.Model):
     key = models.CharField(_("key"), max_length=255, blank=True)
     token = models.PositiveBigIntegerField(_("token"), null=True, blank=True)
     detail = models.JSONField(_("detail"), default=dict, encoder=DjangoJSONEncoder)
+    #: Who made the change, for changes made in the admin or the REST API (the username);
+    #: empty for the engine's own transitions, settings sync and code.
+    actor = models.CharField(_("actor"), max_length=150, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["id"]

@@ -21,12 +21,21 @@ entry_requeued = Signal()
 entry_expired = Signal()
 #: A waiting entry was cancelled.
 entry_cancelled = Signal()
+#: Stopping a held (admitted or running) entry was asked for (``cancel(terminate=True)``);
+#: its slots are released when the worker has stopped it (``entry_settled``).
+entry_terminate_requested = Signal()
 #: A submission was refused (pool full, budget, ...).
 entry_rejected = Signal()
 #: A delivery was skipped (no claim, stale fencing token).
 delivery_skipped = Signal()
-#: A pool's capacity or pause state changed.
+#: A pool's configuration changed: capacity (``detail``: ``from``, ``to``), pause state
+#: (``paused``) or another field (``field``, ``from``, ``to``). ``event.actor`` names the
+#: user when the change came from the admin or the REST API.
 pool_changed = Signal()
+#: A pool was created (admin, API, or a per-key pool on first use; ``detail``: its fields).
+pool_created = Signal()
+#: A pool was deleted (admin, API, or an idle per-key pool retired by the sweep).
+pool_deleted = Signal()
 
 BY_KIND: dict[str, Signal] = {
     "enqueued": entry_enqueued,
@@ -36,7 +45,10 @@ BY_KIND: dict[str, Signal] = {
     "requeued": entry_requeued,
     "expired": entry_expired,
     "cancelled": entry_cancelled,
+    "terminate": entry_terminate_requested,
     "rejected": entry_rejected,
     "skipped": delivery_skipped,
     "capacity": pool_changed,
+    "pool_created": pool_created,
+    "pool_deleted": pool_deleted,
 }

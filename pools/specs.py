@@ -6,15 +6,58 @@ applied), by per-call overrides and by the enqueue service.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import string
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pools.exceptions import PoolConfigurationError
 
 #: A pool name: starts with a letter or digit; letters, digits, ``_ . : -``; at most 100.
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
+
+#: Prefixes of the pools the gates make by themselves (workflow caps): a run cap
+#: (``pools.limit_run``) is pool ``run-cap:<root id>``, a task cap (``max_running``) is
+#: pool ``task-cap:<task name>``. Admission checks them first, in this order.
+RUN_CAP_PREFIX = "run-cap:"
+TASK_CAP_PREFIX = "task-cap:"
+CAP_PREFIXES = (RUN_CAP_PREFIX, TASK_CAP_PREFIX)
+
+
+def cap_pool_name(prefix: str, key: str) -> str:
+    """The pool of a run cap or a task cap: ``prefix`` + ``key``, made a valid pool name.
+
+    A key with characters a pool name does not allow, or too long, is shortened and made
+    unique with a hash of it.
+    """
+    name = prefix + key
+    if POOL_NAME_RE.match(name):
+        return name
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    safe = re.sub(r"[^A-Za-z0-9_.:\-]", "_", key)[: 100 - len(prefix) - 13]
+    return f"{prefix}{safe}-{digest}"
+
+
+def gate_rank(pool: str) -> int:
+    """Order of the gates over an entry's pools: run cap, task cap, then named pools."""
+    for rank, prefix in enumerate(CAP_PREFIXES):
+        if pool.startswith(prefix):
+            return rank
+    return len(CAP_PREFIXES)
+
+
+def refuse_reserved(name: str, *, what: str = "Pool name") -> str:
+    """Refuse a user-chosen pool name that takes a workflow cap's prefix."""
+    for prefix in CAP_PREFIXES:
+        if name.startswith(prefix):
+            raise PoolConfigurationError(
+                f"{what} {name!r} starts with {prefix!r}, which is reserved for workflow caps "
+                f"(pools.limit_run, @pooled(max_running=...)); choose another name."
+            )
+    return name
+
 
 #: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
 CALL_OPTIONS = frozenset(
@@ -115,6 +158,86 @@ class Budget:
         return {k: v for k in BUDGET_KINDS if (v := getattr(self, k)) is not None}
 
 
+def is_pattern(name: str) -> bool:
+    """True for a per-key pool name pattern such as ``"tenant:{tenant_id}"``."""
+    return "{" in name or "}" in name
+
+
+def pattern_fields(pattern: str) -> list[str]:
+    """The argument names a pattern is formatted from, in order; raises if it is malformed."""
+    try:
+        parsed = list(string.Formatter().parse(pattern))
+    except ValueError as exc:
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: {exc}. Write it as 'tenant:{{tenant_id}}'."
+        ) from None
+    names = []
+    for _literal, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise PoolConfigurationError(
+                f"Invalid pool name pattern {pattern!r}: each {{...}} must be a plain argument "
+                f"name such as {{tenant_id}} (no index, attribute, conversion or format spec)."
+            )
+        names.append(name)
+    return names
+
+
+def validate_pool_pattern(pattern: object) -> str:
+    """Return ``pattern`` if it is a valid per-key pool name pattern, else raise."""
+    if not isinstance(pattern, str) or not is_pattern(pattern):
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: it needs at least one {{argument}}, "
+            f"e.g. 'tenant:{{tenant_id}}'."
+        )
+    names = pattern_fields(pattern)
+    if not names:
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: it needs at least one {{argument}}, "
+            f"e.g. 'tenant:{{tenant_id}}'."
+        )
+    sample = pattern.format(**{n: "x" for n in names})
+    if not POOL_NAME_RE.match(sample):
+        raise PoolConfigurationError(
+            f"Invalid pool name pattern {pattern!r}: once formatted it must be a valid pool "
+            f"name (letters, digits and '_ . : -', starting with a letter or digit)."
+        )
+    return pattern
+
+
+def validate_pool_name_or_pattern(name: object) -> str:
+    """A pool name, or a per-key pattern (``"tenant:{tenant_id}"``), checked."""
+    if isinstance(name, str) and is_pattern(name):
+        return validate_pool_pattern(name)
+    return validate_pool_name(name)
+
+
+def format_pool_name(pattern: str, values: Mapping[str, Any], *, task: str = "") -> str:
+    """The pool name ``pattern`` gives for a call's argument ``values``.
+
+    Raises :class:`~pools.exceptions.PoolKeyError` for a missing argument or a value that
+    does not make a valid pool name.
+    """
+    from pools.exceptions import PoolKeyError
+
+    what = f"task {task!r}" if task else "the task"
+    missing = [n for n in pattern_fields(pattern) if n not in values]
+    if missing:
+        raise PoolKeyError(
+            f"Pool {pattern!r} of {what} is named from argument(s) {', '.join(missing)}, "
+            f"which the call does not pass. Pass {missing[0]}=... (by name or position)."
+        )
+    name = pattern.format(**{n: values[n] for n in pattern_fields(pattern)})
+    if not POOL_NAME_RE.match(name):
+        raise PoolKeyError(
+            f"Pool {pattern!r} of {what} formats to {name!r}, which is not a valid pool name "
+            f"(1-100 letters, digits and '_ . : -', starting with a letter or digit). Pass "
+            f"another value or change the pattern."
+        )
+    return name
+
+
 def validate_slots(value: object, *, what: str) -> int:
     """Return ``value`` if it is a positive integer, else raise with ``what`` in the message."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -125,7 +248,8 @@ def validate_slots(value: object, *, what: str) -> int:
 def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str, int]:
     """Turn ``"warehouse"`` + ``slots`` or ``{"warehouse": 1, "api": 2}`` into a checked dict."""
     if isinstance(pools, str):
-        return {validate_pool_name(pools): validate_slots(slots, what=f"slots for pool {pools!r}")}
+        name = refuse_reserved(validate_pool_name_or_pattern(pools))
+        return {name: validate_slots(slots, what=f"slots for pool {pools!r}")}
     if isinstance(pools, Mapping):
         if not pools:
             raise PoolConfigurationError("A pooled task must name at least one pool.")
@@ -135,7 +259,9 @@ def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str
                 "@pooled({'warehouse': 2, 'partner-api': 1})."
             )
         return {
-            validate_pool_name(name): validate_slots(n, what=f"slots for pool {name!r}")
+            refuse_reserved(validate_pool_name_or_pattern(name)): validate_slots(
+                n, what=f"slots for pool {name!r}"
+            )
             for name, n in sorted(pools.items())
         }
     raise PoolConfigurationError(
@@ -228,6 +354,13 @@ class PoolSpec:
     #: A submit whose key matches an unfinished entry returns that entry: a callable of the
     #: task's arguments (decorator) or a string (per call).
     idempotency_key: KeySource = None
+    #: For a spec resolved from per-key patterns: ``{pool name: the pattern it came from}``.
+    templates: dict[str, str] = field(default_factory=dict)
+    #: Task cap: at most this many calls of the task admitted at once (pool
+    #: ``task-cap:<task name>``, added by the gate, which knows the name). ``None``: no cap.
+    max_running: int | None = None
+    #: For a spec with its caps added: ``{cap pool name: its capacity}`` (made on first use).
+    caps: dict[str, int] = field(default_factory=dict)
     #: Per call, on the first task of a run: the run's budget (:class:`Budget`).
     budget: Budget | None = None
 
@@ -237,12 +370,16 @@ class PoolSpec:
         Nothing reaches admission with a bad name, non-positive or non-integer slots, or a
         demand out of lock order.
         """
-        if not isinstance(self.demand, Mapping) or not self.demand:
+        if self.max_running is not None:
+            validate_slots(self.max_running, what="max_running")
+        if not isinstance(self.demand, Mapping) or not (self.demand or self.max_running):
             raise PoolConfigurationError(
-                f"A pool demand must be a non-empty {{pool: slots}} dict, got {self.demand!r}."
+                f"A pool demand must be a non-empty {{pool: slots}} dict, got {self.demand!r} "
+                f"(or give max_running=N alone for a task cap)."
             )
         for name, slots in self.demand.items():
-            validate_slots(slots, what=f"slots for pool {validate_pool_name(name)!r}")
+            checked = validate_pool_name_or_pattern(name)
+            validate_slots(slots, what=f"slots for pool {checked!r}")
         _validate_priority(self.priority)
         _validate_timeout(self.queue_timeout)
         validate_policy(self.concurrency_policy)
@@ -254,7 +391,7 @@ class PoolSpec:
     @classmethod
     def build(
         cls,
-        pools: str | Mapping[str, int],
+        pools: str | Mapping[str, int] | None,
         slots: int = 1,
         *,
         priority: int = 0,
@@ -262,10 +399,18 @@ class PoolSpec:
         concurrency_policy: str = "allow",
         job_key: KeySource = None,
         idempotency_key: KeySource = None,
+        max_running: int | None = None,
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec."""
+        if max_running is not None:
+            max_running = validate_slots(max_running, what="max_running")
+        if pools is None and max_running is None:
+            raise PoolConfigurationError(
+                "@pooled needs a pool name, a {pool: slots} dict, or max_running=N (a task cap)."
+            )
         return cls(
-            demand=normalize_demand(pools, slots),
+            demand={} if pools is None else normalize_demand(pools, slots),
+            max_running=max_running,
             priority=_validate_priority(priority),
             queue_timeout=_validate_timeout(queue_timeout),
             concurrency_policy=validate_policy(concurrency_policy),
@@ -276,15 +421,25 @@ class PoolSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:
         """Build from a settings mapping ``{"pools": ..., "slots": ..., "priority": ...}``."""
-        unknown = set(data) - {"pools", "slots", "priority", "queue_timeout", "concurrency_policy"}
-        if unknown or "pools" not in data:
+        allowed = {
+            "pools",
+            "slots",
+            "priority",
+            "queue_timeout",
+            "concurrency_policy",
+            "max_running",
+        }
+        unknown = set(data) - allowed
+        if unknown or not ("pools" in data or "max_running" in data):
             raise PoolConfigurationError(
-                f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required), "
-                f"'slots', 'priority', 'queue_timeout', 'concurrency_policy'."
+                f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required "
+                f"unless 'max_running' is given), 'slots', 'priority', 'queue_timeout', "
+                f"'concurrency_policy', 'max_running'."
             )
         return cls.build(
-            data["pools"],
+            data.get("pools"),
             data.get("slots", 1),
+            max_running=data.get("max_running"),
             priority=data.get("priority", 0),
             queue_timeout=data.get("queue_timeout"),
             concurrency_policy=data.get("concurrency_policy", "allow"),
@@ -326,3 +481,47 @@ class PoolSpec:
     def pools(self) -> list[str]:
         """Pool names in lock order."""
         return list(self.demand)
+
+    def with_task_cap(self, task: str) -> PoolSpec:
+        """This spec with its task cap's pool in the demand (one slot per call)."""
+        if self.max_running is None:
+            return self
+        name = cap_pool_name(TASK_CAP_PREFIX, task)
+        return replace(
+            self,
+            demand={**self.demand, name: 1},
+            caps={**self.caps, name: self.max_running},
+        )
+
+    def with_run_cap(self, pool: str) -> PoolSpec:
+        """This spec with the run cap's pool ``pool`` (existing) in the demand."""
+        return replace(self, demand={**self.demand, pool: 1})
+
+    @property
+    def patterns(self) -> list[str]:
+        """The per-key patterns among the pools (``"tenant:{tenant_id}"``)."""
+        return [name for name in self.demand if is_pattern(name)]
+
+    def resolve(self, values: Mapping[str, Any], *, task: str = "") -> PoolSpec:
+        """This spec with every per-key pattern formatted from a call's argument ``values``.
+
+        Raises :class:`~pools.exceptions.PoolKeyError` when an argument is missing, a value
+        makes an invalid name, or two pools of the demand end up with the same name.
+        """
+        if not self.patterns:
+            return self
+        from pools.exceptions import PoolKeyError
+
+        demand: dict[str, int] = {}
+        templates: dict[str, str] = {}
+        for name, slots in self.demand.items():
+            resolved = format_pool_name(name, values, task=task) if is_pattern(name) else name
+            if resolved in demand:
+                raise PoolKeyError(
+                    f"Pools {sorted(self.demand)} of {task or 'the task'} name pool "
+                    f"{resolved!r} twice for this call; give the per-key pool a distinct prefix."
+                )
+            demand[resolved] = slots
+            if resolved != name:
+                templates[resolved] = name
+        return replace(self, demand=demand, templates=templates)

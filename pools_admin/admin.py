@@ -26,6 +26,12 @@ from pools.querysets import held_slots_expr, waiting_count_expr
 from pools_admin import views, why
 
 
+def actor_of(request: HttpRequest) -> str:
+    """The username logged as the actor of a change made in the admin."""
+    user = getattr(request, "user", None)
+    return str(user.get_username()) if user is not None and user.is_authenticated else ""
+
+
 def _mount(model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponse]) -> Any:
     """``view(request, model_admin, ...)`` as an admin view of ``model_admin``'s site."""
 
@@ -109,14 +115,32 @@ class PoolAdmin(admin.ModelAdmin):
         data = {f: form.cleaned_data[f] for f in definitions.EDITABLE if f in form.cleaned_data}
         if change:
             changed = {f: v for f, v in data.items() if f in form.changed_data}
-            saved = definitions.update_pool(obj.name, **changed)
+            saved = definitions.update_pool(obj.name, actor=actor_of(request), **changed)
         else:
-            saved = definitions.create_pool(name=obj.name, **data)
+            saved = definitions.create_pool(name=obj.name, actor=actor_of(request), **data)
         obj.pk = saved.pk
         obj.slots, obj.pending_slots = saved.slots, saved.pending_slots
 
+    def delete_model(self, request: HttpRequest, obj: Pool) -> None:
+        # Through the service: refused while entries wait or hold slots, and logged.
+        try:
+            definitions.delete_pool(obj.name, actor=actor_of(request))
+        except PoolError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        # The service deletes a pool with its finished history (demand rows that PROTECT
+        # it) and refuses one with unfinished entries: confirm the pools themselves only.
+        pools = list(objs)
+        return [str(p) for p in pools], {"resource pools": len(pools)}, set(), []
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        for pool in queryset:
+            self.delete_model(request, pool)
+
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[Pool], paused: bool) -> None:
-        changed = [p.name for p in queryset if definitions.set_paused(p.name, paused)]
+        actor = actor_of(request)
+        changed = [p.name for p in queryset if definitions.set_paused(p.name, paused, actor=actor)]
         verb = "Paused" if paused else "Resumed"
         if changed:
             self.message_user(request, f"{verb} {', '.join(changed)}.", messages.SUCCESS)
@@ -247,6 +271,7 @@ class QueueEntryAdmin(admin.ModelAdmin):
                     entry.key,
                     reason=f"cancelled in the admin by {request.user}",
                     terminate=terminate,
+                    actor=actor_of(request),
                 )
             except PoolRefused as exc:
                 self.message_user(request, str(exc), messages.WARNING)
@@ -296,9 +321,9 @@ class QueueEntryAdmin(admin.ModelAdmin):
 
 @admin.register(PoolEvent)
 class PoolEventAdmin(admin.ModelAdmin):
-    list_display = ("id", "at", "kind", "pool", "entry_id", "token")
+    list_display = ("id", "at", "kind", "pool", "entry_id", "token", "actor")
     list_filter = ("kind", "pool")
-    search_fields = ("key",)
+    search_fields = ("key", "actor")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

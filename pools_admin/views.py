@@ -109,7 +109,11 @@ def card_cancel(request: HttpRequest, model_admin: ModelAdmin[Any]) -> HttpRespo
     try:
         if not key:
             raise EntryNotFound(key)
-        entry = admission.cancel(key, reason=f"cancelled in the admin by {request.user}")
+        entry = admission.cancel(
+            key,
+            reason=f"cancelled in the admin by {request.user}",
+            actor=request.user.get_username(),
+        )
     except EntryNotFound as exc:
         status, level, text = 404, messages.ERROR, str(exc)
     except PoolRefused as exc:  # the pool's own message (already running, finished, ...)

@@ -8,6 +8,7 @@ default 127.0.0.1:3306 root without password; database ``POOLS_MYSQL_NAME``, tes
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Any
@@ -125,6 +126,10 @@ POOLS: dict[str, Any] = {
 for _key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "SWEEP_SECONDS"):
     if os.environ.get(f"POOLS_{_key}"):
         POOLS[_key] = float(os.environ[f"POOLS_{_key}"])
+
+# The default-pool acceptance test starts workers with POOLS["DEFAULT_POOL"] (JSON).
+if os.environ.get("POOLS_TEST_DEFAULT_POOL"):
+    POOLS["DEFAULT_POOL"] = json.loads(os.environ["POOLS_TEST_DEFAULT_POOL"])
 
 # Extra task modules for the fault-tolerance acceptance tests.
 CELERY_IMPORTS = ["tests.testapp.fault_tasks", "tests.browser.tasks"]  # + the browser scenario

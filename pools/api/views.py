@@ -82,6 +82,12 @@ class PoolsAPIView(APIView):
         return errors.exception_handler
 
 
+def _actor(request: Request) -> str:
+    """The username logged as the actor of a change made through the API."""
+    user = request.user
+    return str(user.get_username()) if user is not None and user.is_authenticated else ""
+
+
 def _pool_or_404(name: str) -> None:
     if not Pool.objects.filter(name=name).exists():
         raise UnknownPool(name)
@@ -120,7 +126,7 @@ class PoolListView(PoolsAPIView):
         """Create a pool."""
         data = s.PoolInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        pool = definitions.create_pool(**data.validated_data)
+        pool = definitions.create_pool(**data.validated_data, actor=_actor(request))
         snap = snapshots.snapshot(pool.name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
         return Response(s.PoolSnapshotSerializer(snap).data, status=status.HTTP_201_CREATED)
 
@@ -158,7 +164,7 @@ class PoolDetailView(PoolsAPIView):
         data = s.PoolInputSerializer(pool, data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         changes = {k: v for k, v in data.validated_data.items() if k != "name"}
-        definitions.update_pool(name, **changes)
+        definitions.update_pool(name, actor=_actor(request), **changes)
         snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
         return Response(s.PoolSnapshotSerializer(snap).data)
 
@@ -176,7 +182,7 @@ class PoolDetailView(PoolsAPIView):
     )
     def delete(self, request: Request, name: str) -> Response:
         """Delete a pool made in the admin or the API, with no unfinished entries."""
-        definitions.delete_pool(name)
+        definitions.delete_pool(name, actor=_actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -346,6 +352,7 @@ class CancelView(PoolsAPIView):
             key,
             reason=f"cancelled via the API by {request.user}"[:255],
             terminate=body.validated_data["terminate"],
+            actor=_actor(request),
         )
         return Response(s.EntrySerializer(entry).data)
 

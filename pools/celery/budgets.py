@@ -1,39 +1,14 @@
-"""Celery side of run budgets: ``pools.limit_run()`` and ``pools.charge()``."""
+"""Celery side of run budgets: ``pools.charge()`` (``pools.limit_run()`` is in :mod:`pools.celery.caps`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
-
-from celery.utils import uuid
 
 from pools.celery import worker
 from pools.core import budgets
 from pools.core.budgets import Charged
-from pools.exceptions import PoolConfigurationError
-from pools.specs import Budget
 
 logger = logging.getLogger("pools.celery.budgets")
-
-
-def limit_run(signature: Any, budget: Mapping[str, Any] | Budget, **options: Any) -> Any:
-    """Send ``signature`` (a task signature, chain, group or chord) as a run with a budget.
-
-    The run gets an id of its own, its budget row is written (committed) before anything
-    is sent, and the signature is applied with ``root_id`` set to that id, so every task it
-    starts, and every task those start, belongs to the run. Returns what
-    ``signature.apply_async(**options)`` returns. Raises
-    :class:`~pools.exceptions.PoolConfigurationError` for a bad budget.
-    """
-    limits = Budget.from_mapping(budget)
-    if "root_id" in options:
-        raise PoolConfigurationError(
-            f"limit_run() gives the run its own id; do not pass root_id ({options['root_id']!r})."
-        )
-    run_id = uuid()
-    budgets.open_run(run_id, limits)
-    return signature.apply_async(root_id=run_id, **options)
 
 
 def charge(*, cost: float = 0, tokens: int = 0) -> Charged | None:

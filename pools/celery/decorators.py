@@ -31,7 +31,7 @@ SPEC_ATTR = "__pooled__"
 
 
 def pooled(
-    pools: str | Mapping[str, int],
+    pools: str | Mapping[str, int] | None = None,
     slots: int = 1,
     *,
     priority: int = 0,
@@ -39,6 +39,7 @@ def pooled(
     concurrency_policy: str = "allow",
     job_key: KeySource = None,
     idempotency_key: KeySource = None,
+    max_running: int | None = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by one or more named resource pools.
 
@@ -51,6 +52,10 @@ def pooled(
     of the task's arguments) tells jobs of one task apart; ``idempotency_key`` (a callable
     of the task's arguments) makes a submit whose key matches an unfinished entry return
     that entry's result instead of queueing another.
+
+    ``max_running=N`` is a task cap: at most N calls of this task admitted at once, across
+    every worker, with or without named pools (``@pooled(max_running=3)``); it is checked
+    before the named pools. See :func:`pools.limit_run` for a cap over a whole workflow.
     """
     spec = PoolSpec.build(
         pools,
@@ -60,6 +65,7 @@ def pooled(
         concurrency_policy=concurrency_policy,
         job_key=job_key,
         idempotency_key=idempotency_key,
+        max_running=max_running,
     )
 
     def decorate(obj: T) -> T:

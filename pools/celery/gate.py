@@ -11,6 +11,7 @@ and a ``pools_claim`` header (``"<entry id>:<fencing token>"``).
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from django.db import connection
 from django.utils import timezone
 
 from pools import conf
-from pools.celery import messages, refusals, results
+from pools.celery import caps, messages, refusals, results
 from pools.celery.decorators import gate_task, spec_of
 from pools.celery.messages import (
     ADMITTED_OPTION,
@@ -35,10 +36,10 @@ from pools.celery.messages import (
     CLAIM_HEADER,
     ORIGIN_OPTION,
 )
-from pools.core import admission
+from pools.core import admission, definitions
 from pools.core.locking import unavailable_on_error
 from pools.core.records import BUDGET_OPTION, Admission, Enqueued, Finished, Submission
-from pools.exceptions import PoolConfigurationError, PoolUnavailable
+from pools.exceptions import PoolConfigurationError, PoolUnavailable, UnknownPool
 from pools.models import ConcurrencyPolicy, Origin, QueueEntry
 from pools.specs import PoolSpec, resolve_key
 
@@ -139,6 +140,71 @@ def _install_revoke_hook() -> None:
     control.Control.revoke = revoke  # type: ignore[method-assign]
 
 
+#: Tasks gated on this worker only for the implicit default pool: whether a call of one
+#: is pooled depends on the queue it is routed to (:func:`default_spec`), not on the task.
+DEFAULT_GATED: set[str] = set()
+
+#: Task name prefixes never put in the default pool (Celery's own and this app's tasks).
+NEVER_DEFAULT = ("celery.", "pools.")
+
+
+def default_spec(
+    app: Celery, name: str, args: Any, kwargs: Any, options: dict[str, Any]
+) -> PoolSpec | None:
+    """The default pool's spec for a call of a task without ``@pooled``, if it applies.
+
+    It applies when ``POOLS['DEFAULT_POOL']`` is on and Celery's router sends the call to
+    one of its queues (routing as ``send_task`` will do it: ``queue`` option, task routes,
+    the default queue).
+    """
+    default = definitions.default_pool()
+    if default is None or name.startswith(NEVER_DEFAULT):
+        return None
+    return (
+        PoolSpec.build(default.name, 1)
+        if _routed_queue(app, name, args, kwargs, options) in default.queues
+        else None
+    )
+
+
+def _routed_queue(app: Celery, name: str, args: Any, kwargs: Any, options: dict[str, Any]) -> str:
+    routed = app.amqp.router.route(
+        {k: v for k, v in options.items() if k in ("queue", "exchange", "routing_key")},
+        name,
+        args or (),
+        kwargs or {},
+        options.get("task_type"),
+    )
+    queue = routed.get("queue")
+    return str(getattr(queue, "name", queue) or app.conf.task_default_queue)
+
+
+def is_default_queue(queue: str) -> bool:
+    """True if deliveries from ``queue`` must hold a claim of the default pool."""
+    default = definitions.default_pool()
+    return default is not None and queue in default.queues
+
+
+def pool_default_tasks(app: Celery) -> list[str]:
+    """Gate every local task without a spec for the default pool (worker side).
+
+    The body then runs only under a claim when its delivery comes from a default-pool
+    queue (:func:`pools.celery.worker.run_gated` asks :func:`is_default_queue`); from
+    another queue it runs as before.
+    """
+    default = definitions.default_pool()
+    if default is None:
+        return []
+    wrapped = []
+    for name, task in list(app.tasks.items()):
+        if name.startswith(NEVER_DEFAULT) or spec_of(task) is not None:
+            continue
+        gate_task(task, PoolSpec.build(default.name, 1))
+        DEFAULT_GATED.add(name)
+        wrapped.append(name)
+    return wrapped
+
+
 def pool_declared_tasks(app: Celery) -> list[str]:
     """Gate the local tasks named in ``POOLS['TASKS']`` that lack the decorator (worker side).
 
@@ -169,6 +235,8 @@ def _gate_declared_tasks(sender: Any = None, **kwargs: Any) -> None:
         app.loader.import_default_modules()
         for name in pool_declared_tasks(app):
             logger.info("Task %s is pooled by POOLS['TASKS']", name)
+        for name in pool_default_tasks(app):
+            logger.debug("Task %s is pooled by POOLS['DEFAULT_POOL'] on its queues", name)
 
 
 def _similar(name: str, names: Any) -> list[str]:
@@ -189,6 +257,8 @@ def spec_for(app: Celery, name: str, task_type: Any = None) -> PoolSpec | None:
             app.finalize(auto=True)
             task_type = app._tasks.get(name)  # type: ignore[attr-defined]
     spec = spec_of(task_type) if task_type is not None else None
+    if spec is not None and name in DEFAULT_GATED:
+        spec = None  # gated here for the default pool only: decided by the call's queue
     if spec is None:
         declared = conf.get().TASKS.get(name)
         if declared is not None:
@@ -206,6 +276,8 @@ def _gated_send_task(
     origin = options.pop(ORIGIN_OPTION, None)
     spec = spec_for(self, name, options.get("task_type"))
     if spec is None:
+        spec = default_spec(self, name, args, kwargs, options)
+    if spec is None:
         if call_options:
             raise PoolConfigurationError(
                 f"pool_options given for task {name!r}, which is not pooled. Decorate it with "
@@ -219,6 +291,10 @@ def _gated_send_task(
     if beat_fire and not options.get("task_id"):
         options["task_id"] = uuid()  # what send_task would pick: the id of a dropped fire
     try:
+        if spec.patterns:
+            values = call_arguments(self, name, options.get("task_type"), args, kwargs)
+            spec = spec.resolve(values, task=name)
+        spec = spec.with_task_cap(name)
         # In the try: a failing job_key / idempotency_key callable drops a beat fire too.
         fields = job_fields(name, args, kwargs, spec, options.get("headers"))
         return _submit(self, name, args, kwargs, spec, options, origin, fields)
@@ -258,6 +334,35 @@ def _route_to_worker(app: Celery, worker: str, options: dict[str, Any]) -> None:
         options.pop(key, None)
     options["queue"] = worker_direct(worker)
     options["declare"] = []
+
+
+def call_arguments(
+    app: Celery, name: str, task_type: Any, args: Any, kwargs: Any
+) -> dict[str, Any]:
+    """A call's arguments by parameter name, to format per-key pool names from.
+
+    Positional arguments are bound to the task's parameter names (defaults included);
+    keyword arguments count as given. Without the task (``send_task`` by name from a
+    process that does not import it) only keyword arguments are known.
+    """
+    values: dict[str, Any] = dict(kwargs or {})
+    task = task_type if task_type is not None else app._tasks.get(name)  # type: ignore[attr-defined]
+    run = getattr(task, "run", None)
+    if run is None:
+        return values
+    try:
+        signature = inspect.signature(run)
+        bound = signature.bind_partial(*(args or ()), **(kwargs or {}))
+    except (TypeError, ValueError):  # no signature, or a call that does not fit it
+        return values
+    bound.apply_defaults()
+    for param_name, value in bound.arguments.items():
+        kind = signature.parameters[param_name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            values.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            values[param_name] = value
+    return values
 
 
 def _submit(
@@ -318,8 +423,17 @@ def _enqueue_held(
         stored: dict[str, Any] = {messages.OPTION_KEY: message.to_json()}
         if expires is not None:
             stored["expires"] = expires.isoformat()
+        spec = caps.with_run_cap(spec, str(headers.get("root_id") or ""), message.task_id)
         sub = _submission(message, spec, origin, args, kwargs, stored, expires, fields)
-        enqueued = admission.enqueue(sub)
+        _ensure_pools(spec)
+        try:
+            enqueued = admission.enqueue(sub)
+        except UnknownPool as exc:
+            if exc.pool not in spec.templates and exc.pool not in spec.caps:
+                raise
+            # The sweep retired this idle per-key or cap pool between our check and now.
+            _ensure_pools(spec, again=True)
+            enqueued = admission.enqueue(sub)
     except PoolUnavailable:
         _drop_broken_connection()
         raise
@@ -342,6 +456,14 @@ def _inherited(fields: JobFields, task_id: str, attempt: int) -> JobFields:
     if row is None or not (row[0] or row[2]):
         return fields
     return JobFields(job=row[0], policy=row[1], idempotency_key=row[2])
+
+
+def _ensure_pools(spec: PoolSpec, *, again: bool = False) -> None:
+    """Create the per-key pools of a resolved spec on first use (from their templates),
+    and its task cap's pool."""
+    for pool, pattern in spec.templates.items():
+        definitions.ensure_pool(pool, pattern)
+    caps.ensure_caps(spec, again=again)
 
 
 def _submission(

@@ -20,6 +20,7 @@ def sweep() -> dict[str, int]:
         "expired": report.expired,
         "admitted": report.admitted,
         "pruned": report.pruned,
+        "retired": len(report.retired),
     }
 
 

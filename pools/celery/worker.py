@@ -107,6 +107,8 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         return fn(*args, **kwargs)
     parsed = claim_of(request)
     if parsed is None:
+        if not _needs_claim(task, request):
+            return fn(*args, **kwargs)
         _enqueue_unclaimed(task, request)
         raise Ignore()
     entry_id, token = parsed
@@ -177,6 +179,16 @@ def _drop_broken_connection() -> None:
     """Reconnect after a database error (connections are kept between tasks, see below)."""
     if connection.errors_occurred and not connection.is_usable():
         connection.close()
+
+
+def _needs_claim(task: Any, request: Any) -> bool:
+    """False for a task gated only for the default pool, delivered from another queue."""
+    from pools.celery import gate
+
+    if task.name not in gate.DEFAULT_GATED:
+        return True
+    info = getattr(request, "delivery_info", None) or {}
+    return gate.is_default_queue(str(info.get("routing_key") or ""))
 
 
 def _enqueue_unclaimed(task: Any, request: Any) -> None:

@@ -400,7 +400,12 @@ def _mark_admitted(
 
 
 def _finish_waiting(
-    entries: list[QueueEntry], state: EntryState, now: datetime, *, reason: str
+    entries: list[QueueEntry],
+    state: EntryState,
+    now: datetime,
+    *,
+    reason: str,
+    actor: str | None = None,
 ) -> list[Finished]:
     ids = [e.queue_id for e in entries]
     QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING).update(
@@ -413,7 +418,7 @@ def _finish_waiting(
         EntryState.SUPERSEDED: EventKind.SUPERSEDED,
     }
     kind = kinds.get(state, EventKind.REJECTED)
-    events.record(kind, entries, at=now, detail={"reason": reason})
+    events.record(kind, entries, at=now, detail={"reason": reason}, actor=actor)
     return [
         Finished(
             entry_id=e.queue_id,
@@ -1015,8 +1020,12 @@ admit_in = _admit_in
 follow_up = _follow_up
 
 
-def cancel(key: str, *, reason: str = "cancelled", terminate: bool = False) -> QueueEntry:
+def cancel(
+    key: str, *, reason: str = "cancelled", terminate: bool = False, actor: str | None = None
+) -> QueueEntry:
     """Cancel the entry with ``key``: a waiting one now (its result becomes a revocation).
+
+    ``actor`` (a username, from the admin or the REST API) is logged with the event.
 
     With ``terminate=True`` an admitted or running entry is revoked in Celery
     (``revoke(terminate=True)``); its slots are freed once the worker has stopped it.
@@ -1033,6 +1042,9 @@ def cancel(key: str, *, reason: str = "cancelled", terminate: bool = False) -> Q
         entry.refresh_from_db()
         if entry.state in HELD_STATES and terminate:
             QueueEntry.objects.filter(pk=entry.pk).update(reason=TERMINATING)
+            events.record(
+                EventKind.TERMINATE, [entry], at=now, detail={"reason": reason}, actor=actor
+            )
             transaction.on_commit(lambda: dispatch.bridge().terminate(key))
         else:
             if entry.state != EntryState.WAITING:
@@ -1044,7 +1056,9 @@ def cancel(key: str, *, reason: str = "cancelled", terminate: bool = False) -> Q
                 raise NotCancellable(
                     f"Entry {key!r} in pool {pool!r} {why}; only waiting entries can be cancelled."
                 )
-            finished = _finish_waiting([entry], EntryState.CANCELLED, now, reason=reason)
+            finished = _finish_waiting(
+                [entry], EntryState.CANCELLED, now, reason=reason, actor=actor
+            )
             needs = _admit_in(pools, now, finished)
     _follow_up(needs)
     if entry.job:  # a cancellation of the job supersedes its queued retries (SPEC §7)

@@ -1,12 +1,18 @@
-"""Pool definitions from ``POOLS["DEFINITIONS"]``: validation and sync to the database."""
+"""Pool definitions: ``POOLS["DEFINITIONS"]`` and its sync, the pool CRUD service functions,
+and per-key pools made from ``POOLS["TEMPLATES"]`` on first use.
+
+Every configuration change is logged in the event log (:mod:`pools.core.events`) with the
+acting user (``actor``, a username) when the caller passes one: the admin and the REST API
+do; settings sync, the sweep and code leave it empty.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from pools import conf
@@ -17,8 +23,18 @@ from pools.exceptions import (
     PoolInUse,
     UnknownPool,
 )
-from pools.models import TERMINAL_STATES, Demand, EventKind, OverflowPolicy, PausedPolicy, Pool
-from pools.specs import validate_pool_name, validate_slots
+from pools.models import (
+    DELAYED,
+    HELD_STATES,
+    TERMINAL_STATES,
+    Demand,
+    EntryState,
+    EventKind,
+    OverflowPolicy,
+    PausedPolicy,
+    Pool,
+)
+from pools.specs import refuse_reserved, validate_pool_name, validate_pool_pattern, validate_slots
 
 _FIELDS = {
     "slots",
@@ -29,6 +45,10 @@ _FIELDS = {
     "paused_policy",
     "spend_cap",
 }
+#: Per-key pools retired per sweep (the next sweep takes the rest).
+RETIRE_BATCH = 100
+#: Demand states of unfinished entries (a pool with such a row is in use).
+_UNFINISHED_DEMAND = (EntryState.WAITING, *HELD_STATES, DELAYED)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +70,7 @@ class PoolDefinition:
 
 def parse(name: str, raw: Any) -> PoolDefinition:
     """Validate one ``DEFINITIONS`` item; raises ``PoolConfigurationError`` with the fix."""
-    validate_pool_name(name)
+    refuse_reserved(validate_pool_name(name))
     if not isinstance(raw, dict):
         raise PoolConfigurationError(
             f"POOLS['DEFINITIONS'][{name!r}] must be a dict such as {{'slots': 4}}, got {raw!r}."
@@ -113,8 +133,71 @@ def _choice(value: Any, choices: type[OverflowPolicy | PausedPolicy], where: str
 
 
 def declared() -> list[PoolDefinition]:
-    """Every pool declared in settings, validated."""
-    return [parse(name, raw) for name, raw in sorted(conf.get().DEFINITIONS.items())]
+    """Every pool declared in settings (``DEFINITIONS`` and ``DEFAULT_POOL``), validated."""
+    pools = [parse(name, raw) for name, raw in sorted(conf.get().DEFINITIONS.items())]
+    default = default_pool()
+    if default is not None and default.name not in conf.get().DEFINITIONS:
+        pools.append(
+            PoolDefinition(name=default.name, slots=default.slots, max_queued=default.max_queued)
+        )
+    return pools
+
+
+@dataclass(frozen=True, kw_only=True)
+class DefaultPool:
+    """The implicit default pool (``POOLS['DEFAULT_POOL']``)."""
+
+    name: str
+    slots: int
+    #: Tasks without ``@pooled`` routed to one of these queues are admitted through the pool.
+    queues: frozenset[str]
+    max_queued: int | None = None
+
+
+_DEFAULT_POOL_FIELDS = {"name", "slots", "queues", "max_queued"}
+
+
+def parse_default_pool(raw: Any) -> DefaultPool:
+    """Validate ``POOLS['DEFAULT_POOL']``; raises ``PoolConfigurationError`` with the fix."""
+    where = "POOLS['DEFAULT_POOL']"
+    if not isinstance(raw, dict):
+        raise PoolConfigurationError(
+            f"{where} must be a dict such as {{'name': 'default', 'slots': 128}}, got {raw!r}."
+        )
+    unknown = set(raw) - _DEFAULT_POOL_FIELDS
+    if unknown:
+        raise PoolConfigurationError(
+            f"{where} has unknown key(s) {sorted(unknown)}; allowed: "
+            f"{sorted(_DEFAULT_POOL_FIELDS)}."
+        )
+    if "slots" not in raw:
+        raise PoolConfigurationError(f"{where} needs 'slots' (the capacity of the pool).")
+    queues = raw.get("queues", ["celery"])
+    if (
+        isinstance(queues, str)
+        or not isinstance(queues, list | tuple | set | frozenset)
+        or not queues
+        or not all(isinstance(q, str) and q for q in queues)
+    ):
+        raise PoolConfigurationError(
+            f"{where}['queues'] must be a non-empty list of queue names such as ['celery'], "
+            f"got {queues!r}."
+        )
+    max_queued = raw.get("max_queued")
+    return DefaultPool(
+        name=validate_pool_name(raw.get("name", "default")),
+        slots=validate_slots(raw["slots"], what=f"{where}['slots']"),
+        queues=frozenset(queues),
+        max_queued=None
+        if max_queued is None
+        else validate_slots(max_queued, what=f"{where}['max_queued']"),
+    )
+
+
+def default_pool() -> DefaultPool | None:
+    """The implicit default pool in effect, or None when it is off."""
+    raw = conf.get().DEFAULT_POOL
+    return None if raw is None else parse_default_pool(raw)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +246,8 @@ def sync() -> SyncReport:
                 },
             )
             if was_created:
+                # Not logged: settings are the record of settings pools (their capacity
+                # changes on sync are logged, below).
                 created.append(d.name)
                 continue
             wanted = {
@@ -209,7 +294,7 @@ def configured_slots(pool: Pool) -> int:
     return pool.slots if pool.pending_slots is None else pool.pending_slots
 
 
-def change_slots(pool: Pool, slots: int, now: datetime) -> None:
+def change_slots(pool: Pool, slots: int, now: datetime, *, actor: str | None = None) -> None:
     """Ask for a new capacity; the caller holds the pool's lock (SPEC §6, capacity change).
 
     With entries in line the new value waits in ``pending_slots``: the old capacity stays
@@ -233,13 +318,20 @@ def change_slots(pool: Pool, slots: int, now: datetime) -> None:
     Pool.objects.filter(pk=pool.pk).update(
         slots=pool.slots, pending_slots=pool.pending_slots, updated_at=now
     )
-    events.record_pool(EventKind.CAPACITY_CHANGED, pool.name, at=now, detail=detail)
+    events.record_pool(EventKind.CAPACITY_CHANGED, pool.name, at=now, detail=detail, actor=actor)
 
 
-def _log_pause(pool: Pool, old_paused: bool | None, now: datetime) -> None:
+def _log_pause(
+    pool: Pool, old_paused: bool | None, now: datetime, actor: str | None = None
+) -> None:
+    """Log a change of ``paused`` as a capacity event."""
     if old_paused is not None and old_paused != pool.paused:
         events.record_pool(
-            EventKind.CAPACITY_CHANGED, pool.name, at=now, detail={"paused": pool.paused}
+            EventKind.CAPACITY_CHANGED,
+            pool.name,
+            at=now,
+            detail={"paused": pool.paused},
+            actor=actor,
         )
 
 
@@ -325,17 +417,53 @@ def drain_progress(name: str) -> DrainProgress:
     )
 
 
-def pool_saved(pool: Pool, *, old_slots: int | None, old_paused: bool | None) -> None:
-    """After a pool was created or edited: log a pause change and run admission after commit.
+def pool_saved(
+    pool: Pool,
+    *,
+    old_slots: int | None,
+    old_paused: bool | None,
+    actor: str | None = None,
+    old: dict[str, Any] | None = None,
+    created: bool = False,
+) -> None:
+    """After a pool was created or edited (admin, API): log the change and run admission.
 
-    (A capacity change is logged by :func:`change_slots`; ``old_slots`` is kept for callers.)
+    A capacity change is logged by :func:`change_slots` (``old_slots`` is kept for
+    callers). ``old`` holds the edited fields' values before the change (``max_queued``,
+    ``description``, policies): a change of one of them is logged too, as a ``capacity``
+    event whose detail names the field. ``created`` logs a ``pool_created`` event with
+    the pool's fields.
     """
 
-    _log_pause(pool, old_paused, timezone.now())
+    now = timezone.now()
+    if created:
+        events.record_pool(
+            EventKind.POOL_CREATED,
+            pool.name,
+            at=now,
+            detail={
+                "slots": pool.slots,
+                "max_queued": pool.max_queued,
+                "paused": pool.paused,
+                **({"template": pool.template} if pool.template else {}),
+            },
+            actor=actor,
+        )
+    _log_pause(pool, old_paused, now, actor)
+    for key, before in (old or {}).items():
+        after = getattr(pool, key)
+        if key not in ("slots", "paused") and before != after:
+            events.record_pool(
+                EventKind.CAPACITY_CHANGED,
+                pool.name,
+                at=now,
+                detail={"field": key, "from": before, "to": after},
+                actor=actor,
+            )
     transaction.on_commit(lambda: admission.admit([pool.name]))
 
 
-def set_paused(name: str, paused: bool) -> bool:
+def set_paused(name: str, paused: bool, *, actor: str | None = None) -> bool:
     """Pause (admit nothing; entries keep their place) or resume pool ``name``.
 
     Returns True if the pool's state changed. The change is logged as a capacity event;
@@ -352,7 +480,9 @@ def set_paused(name: str, paused: bool) -> bool:
         if not changed and not Pool.objects.filter(name=name).exists():
             raise UnknownPool(name)
         if changed:
-            events.record_pool(EventKind.CAPACITY_CHANGED, name, at=now, detail={"paused": paused})
+            events.record_pool(
+                EventKind.CAPACITY_CHANGED, name, at=now, detail={"paused": paused}, actor=actor
+            )
             if not paused:
                 transaction.on_commit(lambda: admission.admit([name]))
     return bool(changed)
@@ -381,7 +511,7 @@ def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
     for key, value in values.items():
         try:
             if key == "name":
-                out[key] = validate_pool_name(value)
+                out[key] = refuse_reserved(validate_pool_name(value))
             elif key == "slots":
                 out[key] = validate_slots(value, what="slots")
             elif key == "max_queued":
@@ -418,6 +548,7 @@ def create_pool(
     overflow: str = OverflowPolicy.REJECT,
     paused_policy: str = PausedPolicy.QUEUE,
     spend_cap: float | None = None,
+    actor: str | None = None,
 ) -> Pool:
     """Create a pool (admin, API). Raises ``PoolConfigurationError`` (bad field, name taken)."""
     values = validate_fields(
@@ -440,11 +571,11 @@ def create_pool(
             exc.field = "name"
             raise exc
         pool = Pool.objects.create(**values)
-        pool_saved(pool, old_slots=None, old_paused=None)
+        pool_saved(pool, old_slots=None, old_paused=None, actor=actor, created=True)
     return pool
 
 
-def update_pool(name: str, **changes: Any) -> Pool:
+def update_pool(name: str, *, actor: str | None = None, **changes: Any) -> Pool:
     """Change a pool's fields (:data:`EDITABLE`) under its lock.
 
     A new ``slots`` goes through :func:`change_slots` (it drains while entries wait).
@@ -465,22 +596,24 @@ def update_pool(name: str, **changes: Any) -> Pool:
         if pool is None:
             raise UnknownPool(name)
         old_slots, old_paused = pool.slots, pool.paused
+        old = {key: getattr(pool, key) for key in values}
         slots = values.pop("slots", None)
         for key, value in values.items():
             setattr(pool, key, value)
         pool.save(update_fields=[*values, "updated_at"])
         if slots is not None:
-            change_slots(pool, slots, timezone.now())
-        pool_saved(pool, old_slots=old_slots, old_paused=old_paused)
+            change_slots(pool, slots, timezone.now(), actor=actor)
+        pool_saved(pool, old_slots=old_slots, old_paused=old_paused, actor=actor, old=old)
     return pool
 
 
-def delete_pool(name: str) -> None:
+def delete_pool(name: str, *, actor: str | None = None, idle_since: datetime | None = None) -> bool:
     """Delete a pool made in the admin or the API, with the finished history of its entries.
 
     Refused with ``PoolDefinedInSettings`` for a pool of ``POOLS['DEFINITIONS']`` and with
     ``PoolInUse`` while entries wait for it or hold its slots (checked under its lock).
-    Raises ``UnknownPool`` or ``PoolUnavailable``.
+    Raises ``UnknownPool`` or ``PoolUnavailable``. With ``idle_since`` (the retirement of
+    per-key pools) a pool used or created after that time is kept: returns False.
     """
 
     with locking.locked_pools([name]) as locked:
@@ -492,6 +625,158 @@ def delete_pool(name: str) -> None:
         active = Demand.objects.filter(pool_id=pool.pk).exclude(state__in=TERMINAL_STATES).count()
         if active:
             raise PoolInUse(name, active)
+        if idle_since is not None and _used_since(pool, idle_since):
+            return False
         # Finished entries keep their rows in other pools; their demand here goes with it.
         Demand.objects.filter(pool_id=pool.pk).delete()
         pool.delete()
+        events.record_pool(
+            EventKind.POOL_DELETED,
+            name,
+            at=timezone.now(),
+            detail={"template": pool.template} if pool.template else {},
+            actor=actor,
+        )
+    return True
+
+
+def _used_since(pool: Pool, since: datetime) -> bool:
+    """True if ``pool`` was created, or had an entry enqueued or finished, after ``since``."""
+    if pool.created_at >= since:
+        return True
+    rows = Demand.objects.filter(pool_id=pool.pk)
+    return (
+        rows.filter(enqueued_at__gte=since).exists()
+        or rows.filter(entry__finished_at__gte=since).exists()
+    )
+
+
+# --------------------------------------------------------------------------- per-key pools
+
+_TEMPLATE_FIELDS = {"slots", "max_queued", "description"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolTemplate:
+    """How to create a per-key pool named by ``pattern`` (``POOLS['TEMPLATES']``)."""
+
+    pattern: str
+    slots: int
+    max_queued: int | None = None
+    description: str = ""
+
+
+def parse_template(pattern: str, raw: Any) -> PoolTemplate:
+    """Validate one ``TEMPLATES`` item; raises ``PoolConfigurationError`` with the fix."""
+    where = f"POOLS['TEMPLATES'][{pattern!r}]"
+    refuse_reserved(validate_pool_pattern(pattern))
+    if not isinstance(raw, dict):
+        raise PoolConfigurationError(f"{where} must be a dict such as {{'slots': 1}}, got {raw!r}.")
+    unknown = set(raw) - _TEMPLATE_FIELDS
+    if unknown:
+        hint = " (per-pool strategies are not available yet)" if "strategy" in unknown else ""
+        raise PoolConfigurationError(
+            f"{where} has unknown key(s) {sorted(unknown)}{hint}; "
+            f"allowed: {sorted(_TEMPLATE_FIELDS)}."
+        )
+    if "slots" not in raw:
+        raise PoolConfigurationError(f"{where} needs 'slots' (the capacity of each pool).")
+    max_queued = raw.get("max_queued")
+    return PoolTemplate(
+        pattern=pattern,
+        slots=validate_slots(raw["slots"], what=f"{where}['slots']"),
+        max_queued=None
+        if max_queued is None
+        else validate_slots(max_queued, what=f"{where}['max_queued']"),
+        description=str(raw.get("description", "")),
+    )
+
+
+def template_for(pattern: str) -> PoolTemplate:
+    """The template of ``pattern``; ``PoolConfigurationError`` when settings have none."""
+    raw = conf.get().TEMPLATES.get(pattern)
+    if raw is None:
+        raise PoolConfigurationError(
+            f"@pooled names the per-key pool {pattern!r}, which has no template: add "
+            f"POOLS['TEMPLATES'] = {{{pattern!r}: {{'slots': 1}}}} to settings."
+        )
+    return parse_template(pattern, raw)
+
+
+def ensure_pool(name: str, pattern: str) -> Pool:
+    """The per-key pool ``name``, created from the template of ``pattern`` on first use.
+
+    Race-safe: concurrent first uses create one pool (the unique name decides; the loser
+    reads the winner's row). An existing pool of that name is used as it is, whatever made
+    it. The creation is logged as a ``pool_created`` event.
+    """
+    pool = Pool.objects.filter(name=name).first()
+    if pool is not None:
+        return pool
+    template = template_for(pattern)
+    for _attempt in range(3):
+        try:
+            with transaction.atomic():
+                pool = Pool.objects.create(
+                    name=name,
+                    slots=template.slots,
+                    max_queued=template.max_queued,
+                    description=template.description,
+                    template=pattern,
+                )
+                pool_saved(pool, old_slots=None, old_paused=None, created=True)
+            return pool
+        except IntegrityError:
+            # Another first use won (or a retirement is deleting it: read again, retry).
+            pool = Pool.objects.filter(name=name).first()
+            if pool is not None:
+                return pool
+    raise PoolConfigurationError(f"Could not create the per-key pool {name!r}; try again.")
+
+
+def ensure_cap_pool(name: str, slots: int, *, template: str) -> Pool:
+    """The pool of a workflow cap (``run-cap:<root>``, ``task-cap:<task>``), made on first use.
+
+    Created with ``slots`` and ``template`` (so the sweep retires it once idle, like a
+    per-key pool). An existing pool whose configured capacity differs (a task's
+    ``max_running`` changed in the code) gets the new capacity through
+    :func:`update_pool`, which drains. Race-safe as :func:`ensure_pool`.
+    """
+    for _attempt in range(3):
+        pool = Pool.objects.filter(name=name).first()
+        if pool is not None:
+            if configured_slots(pool) != slots:
+                return update_pool(name, slots=slots)
+            return pool
+        try:
+            with transaction.atomic():
+                pool = Pool.objects.create(name=name, slots=slots, template=template)
+                pool_saved(pool, old_slots=None, old_paused=None, created=True)
+            return pool
+        except IntegrityError:
+            continue  # another first use won: read its row
+    raise PoolConfigurationError(f"Could not create the cap pool {name!r}; try again.")
+
+
+def retire_idle(now: datetime | None = None) -> list[str]:
+    """Delete per-key pools with no unfinished entry and no use for ``TEMPLATE_IDLE_SECONDS``.
+
+    Run by the sweep. Each deletion re-checks under the pool's lock (a submit in between
+    keeps the pool); returns the names deleted.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=conf.get().TEMPLATE_IDLE_SECONDS)
+    candidates = list(
+        Pool.objects.filter(template__gt="", created_at__lt=cutoff)
+        .exclude(demands__state__in=_UNFINISHED_DEMAND)
+        .values_list("name", flat=True)
+        .distinct()[:RETIRE_BATCH]
+    )
+    retired = []
+    for name in candidates:
+        try:
+            if delete_pool(name, idle_since=cutoff):
+                retired.append(name)
+        except (PoolInUse, UnknownPool, PoolDefinedInSettings):
+            continue
+    return retired

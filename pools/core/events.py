@@ -36,13 +36,21 @@ def record(
     *,
     at: datetime,
     detail: dict[str, Any] | None = None,
+    actor: str | None = None,
 ) -> None:
-    """Append one event per (entry, pool) pair and send the matching signal on commit."""
-    save_rows(kind, _per_pool(kind, entries, at, detail))
+    """Append one event per (entry, pool) pair and send the matching signal on commit.
+
+    ``actor`` is the user who asked for the change (admin, REST API), if any.
+    """
+    save_rows(kind, _per_pool(kind, entries, at, detail, actor))
 
 
 def _per_pool(
-    kind: str, entries: Iterable[QueueEntry], at: datetime, detail: dict[str, Any] | None
+    kind: str,
+    entries: Iterable[QueueEntry],
+    at: datetime,
+    detail: dict[str, Any] | None,
+    actor: str | None = None,
 ) -> list[PoolEvent]:
     """One (unsaved) event per (entry, pool) pair."""
     return [
@@ -54,6 +62,7 @@ def _per_pool(
             key=entry.key,
             token=entry.token,
             detail={"slots": slots, **(detail or {})},
+            actor=actor or "",
         )
         for entry in entries
         for pool, slots in entry.demand.items()
@@ -134,9 +143,19 @@ def stream(entries: Iterable[QueueEntry], logged: Iterable[PoolEvent]) -> list[P
     return [item[4] for item in out]
 
 
-def record_pool(kind: EventKind, pool: str, *, at: datetime, detail: dict[str, Any]) -> None:
-    """Append one pool-level event (capacity changed, paused)."""
-    save_rows(kind, [PoolEvent(at=at, kind=kind, pool=pool, detail=detail)])
+def record_pool(
+    kind: EventKind,
+    pool: str,
+    *,
+    at: datetime,
+    detail: dict[str, Any],
+    actor: str | None = None,
+) -> None:
+    """Append one pool-level event (created, capacity changed, paused, deleted).
+
+    ``actor`` is the user who made the change (admin, REST API), if any.
+    """
+    save_rows(kind, [PoolEvent(at=at, kind=kind, pool=pool, detail=detail, actor=actor or "")])
 
 
 def save_rows(kind: EventKind, rows: list[PoolEvent]) -> None:

@@ -25,6 +25,10 @@ the line. An entry whose ``not_before`` is still in the future is not in line: n
 5. ``other_pool``: admissible in this pool, but waiting for another pool it also names
    (``detail["pool"]``).
 
+Workflow caps are pools too (``run-cap:<root id>``, ``task-cap:<task>``): their places
+come first, run cap then task cap, then the named pools by name, and a full cap pool
+reports ``run_cap`` / ``task_cap`` instead of ``pool_full``.
+
 ``None`` means not blocked: admissible now (the next admission pass takes it), or not
 waiting at all (held or finished).
 
@@ -40,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -50,6 +54,7 @@ from django.utils import timezone
 from pools.core import eligibility, spendcap
 from pools.exceptions import EntryNotFound
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+from pools.specs import CAP_PREFIXES, gate_rank
 
 #: The closed set of ``blocked_by`` values.
 BLOCKERS = (
@@ -60,6 +65,8 @@ BLOCKERS = (
     "other_pool",
     "worker_unavailable",
     "forbid",
+    "run_cap",
+    "task_cap",
     "spend_cap",
 )
 #: How many recent holds the ETA averages over, per pool.
@@ -461,8 +468,9 @@ def explain(entry: QueueEntry, *, now: datetime | None = None) -> Explanation:
     Queries: three, plus up to two per pool for a waiting entry (position and head).
     """
     now = now or timezone.now()
-    demands = list(
-        Demand.objects.filter(entry_id=entry.pk).select_related("pool").order_by("pool__name")
+    demands = sorted(
+        Demand.objects.filter(entry_id=entry.pk).select_related("pool"),
+        key=lambda d: (gate_rank(d.pool.name), d.pool.name),
     )
     if entry.state != EntryState.WAITING:
         return Explanation(entry=entry, places=[_not_waiting(entry, d) for d in demands])
@@ -479,8 +487,18 @@ def explain(entry: QueueEntry, *, now: datetime | None = None) -> Explanation:
         head = None
         if position is not None and position > 1:
             head = Demand.objects.line(d.pool_id).select_related("entry").first()
-        places.append(decide(view, entry, d.slots, position, head, now))
+        places.append(_as_cap(decide(view, entry, d.slots, position, head, now)))
     return Explanation(entry=entry, places=settle_other_pools(places))
+
+
+def _as_cap(place: PoolPlace) -> PoolPlace:
+    """A full workflow-cap pool reports ``run_cap`` / ``task_cap`` (not ``pool_full``)."""
+    rank = gate_rank(place.pool)
+    if place.blocked_by != "pool_full" or rank >= len(CAP_PREFIXES):
+        return place
+    kind = ("run_cap", "task_cap")[rank]
+    what = "run cap (pools.limit_run)" if rank == 0 else "task cap (max_running)"
+    return replace(place, blocked_by=kind, message=f"At its {what}: {place.message}")
 
 
 def latest_entry(key: str) -> QueueEntry:

@@ -37,13 +37,14 @@ class SweepReport:
     pruned: int
     #: Pools whose ``held`` counter disagreed with their holders and was corrected.
     held_fixed: int = 0
-    #: Retiring pools (removed from settings) deleted now that they are empty.
+    #: Pools deleted: retiring pools (removed from settings) now empty, and idle per-key
+    #: pools (``POOLS['TEMPLATE_IDLE_SECONDS']``).
     retired: tuple[str, ...] = ()
 
 
 def sweep(now: datetime | None = None) -> SweepReport:
     """Recover lapsed leases, expire deadlines, run admission everywhere, prune old rows,
-    delete retiring pools that are empty.
+    delete retiring pools that are empty and idle per-key pools.
 
     A lease that will lapse before the next sweep gets a timed wake-up at its lapse
     (``pools.admit``, which reclaims first), so a dead node's slots come back when its
@@ -60,7 +61,7 @@ def sweep(now: datetime | None = None) -> SweepReport:
         admitted=admitted,
         pruned=prune(now),
         held_fixed=held_fixed,
-        retired=tuple(definitions.sweep_retiring()),
+        retired=(*definitions.sweep_retiring(), *definitions.retire_idle(now)),
     )
     wake_at_next_lapse(now)
     return report

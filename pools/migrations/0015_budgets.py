@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0012_idempotency"),
+        ("pools", "0013_audit_actor_and_template_pools"),
     ]
 
     operations = [

@@ -23,7 +23,7 @@ def test_chaos__promises_hold_under_twenty_faults() -> None:
     seed = os.environ.get("CHAOS_SEED", "20261203")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.chaos.run", "--seed", seed, "--tasks", "2000",
-         "--faults", "20"],
+         "--faults", "20", "--strict-drain"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -193,6 +193,13 @@ def forbid_job(n: int = 0) -> int:
 
 
 @shared_task
+@pooled("tenant:{tenant_id}", slots=1)
+def tenant_job(tenant_id: str, n: int = 0) -> int:
+    """A per-key pooled task: one pool per tenant (``POOLS['TEMPLATES']`` in the test)."""
+    return n
+
+
+@shared_task
 @pooled("warehouse", concurrency_policy="replace", job_key=lambda tenant, **kw: tenant)
 def replace_job(tenant: str) -> str:
     """Per tenant: a new entry supersedes the tenant's older waiting entries."""
@@ -215,3 +222,37 @@ def flaky_order(self: Task, order_id: int) -> int:
     if not self.request.retries:
         raise self.retry(countdown=3, max_retries=1)
     return order_id
+
+
+@shared_task
+@pooled({"global-api": 1, "tenant:{tenant_id}": 1})
+def tenant_call(tenant_id: str, n: int = 0) -> int:
+    """A global pool plus a per-tenant pool, acquired together."""
+    return n
+
+
+# --------------------------------------------------------------------------- workflow caps
+#: Pool of the run-cap tests (made by the tests): large, so only the run cap binds.
+BULK_POOL = "bulk"
+
+
+@shared_task
+@pooled(max_running=3)
+def capped_span(i: int, sleep: float = 0.05) -> dict:
+    """A task cap alone: at most 3 calls admitted at once, no named pool."""
+    return _span(i, sleep)
+
+
+@shared_task
+@pooled("warehouse", max_running=1)
+def capped_add(x: int, y: int) -> int:
+    """A task cap of 1 composed with the named pool ``warehouse``."""
+    return x + y
+
+
+@shared_task
+@pooled(BULK_POOL)
+def run_member(i: int, sleep: float = 0.01, spawn: bool = False) -> dict:
+    """A workflow member; with ``spawn`` it starts a child task (same root id) first."""
+    child = run_member.delay(10_000 + i, sleep) if spawn else None
+    return {**_span(i, sleep), "child": child.id if child else None}

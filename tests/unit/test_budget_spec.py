@@ -7,7 +7,7 @@ from unittest import mock
 
 import pytest
 
-from pools.celery import budgets as celery_budgets
+from pools.celery import caps
 from pools.exceptions import BudgetExceeded, PoolConfigurationError
 from pools.specs import Budget, PoolSpec
 
@@ -56,19 +56,37 @@ def test_budget_exceeded__message_names_the_budget_and_amounts_and_pickles_as_da
 
 
 def test_limit_run__opens_the_budget_then_applies_with_the_runs_id() -> None:
-    signature = mock.Mock()
-    with mock.patch.object(celery_budgets.budgets, "open_run") as open_run:
-        result = celery_budgets.limit_run(signature, {"seconds": 60}, countdown=5)
+    signature = mock.Mock(options={})
+    with (
+        mock.patch.object(caps.budgets, "open_run") as open_run,
+        mock.patch.object(caps.definitions, "ensure_cap_pool") as ensure_cap,
+    ):
+        result = caps.limit_run(signature, budget={"seconds": 60}, countdown=5)
     run_id, limits = open_run.call_args.args
     assert limits == Budget(seconds=60.0)
+    ensure_cap.assert_not_called()  # no max_running: no run cap
     signature.apply_async.assert_called_once_with(root_id=run_id, countdown=5)
     assert result is signature.apply_async.return_value
 
 
-def test_limit_run__bad_budget_or_root_id_sends_nothing() -> None:
-    signature = mock.Mock()
-    with pytest.raises(PoolConfigurationError):
-        celery_budgets.limit_run(signature, {"tokens": 0})
-    with pytest.raises(PoolConfigurationError, match="do not pass root_id"):
-        celery_budgets.limit_run(signature, {"tokens": 1}, root_id="x")
+def test_limit_run__budget_and_run_cap_share_the_runs_id() -> None:
+    signature = mock.Mock(options={})
+    with (
+        mock.patch.object(caps.budgets, "open_run") as open_run,
+        mock.patch.object(caps.definitions, "ensure_cap_pool") as ensure_cap,
+    ):
+        caps.limit_run(signature, max_running=3, budget={"tokens": 9}, root_id="wf-1")
+    assert open_run.call_args.args == ("wf-1", Budget(tokens=9))
+    assert ensure_cap.call_args.args == ("run-cap:wf-1", 3)
+    signature.apply_async.assert_called_once_with(root_id="wf-1")
+
+
+def test_limit_run__bad_budget_or_nothing_to_limit_sends_nothing() -> None:
+    signature = mock.Mock(options={})
+    with mock.patch.object(caps.budgets, "open_run") as open_run:
+        with pytest.raises(PoolConfigurationError, match="positive integer"):
+            caps.limit_run(signature, budget={"tokens": 0})
+        with pytest.raises(PoolConfigurationError, match="needs max_running=N"):
+            caps.limit_run(signature)
+    open_run.assert_not_called()
     signature.apply_async.assert_not_called()

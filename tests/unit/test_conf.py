@@ -51,6 +51,16 @@ def test_invalid_settings__clear_error(pools: object, match: str) -> None:
         ({"DEFINITIONS": {"w": {}}}, "pools.E002", "needs 'slots'"),
         ({"TASKS": {"t": {"pool": "w"}}}, "pools.E003", "expected keys"),
         ({"LEASE_SECONDS": 3, "HEARTBEAT_SECONDS": 5}, "pools.E004", "shorter"),
+        ({"TEMPLATES": {"tenant": {"slots": 1}}}, "pools.E030", "needs at least one"),
+        ({"TEMPLATES": {"t:{k}": {}}}, "pools.E030", "needs 'slots'"),
+        ({"TEMPLATES": {"t:{k}": {"slots": 0}}}, "pools.E030", "positive integer"),
+        ({"TEMPLATES": {"t:{k}": {"slots": 1, "strategy": "fair"}}}, "pools.E030", "strategies"),
+        ({"TASKS": {"t": {"pools": "t:{k}"}}}, "pools.E031", "has no template"),
+        ({"TEMPLATE_IDLE_SECONDS": 0}, "pools.E001", "positive number"),
+        ({"DEFAULT_POOL": ["default"]}, "pools.E001", "must be None or a dict"),
+        ({"DEFAULT_POOL": {"name": "default"}}, "pools.E032", "needs 'slots'"),
+        ({"DEFAULT_POOL": {"slots": 4, "queues": "celery"}}, "pools.E032", "list of queue"),
+        ({"DEFAULT_POOL": {"slots": 4, "queue": ["c"]}}, "pools.E032", "unknown key"),
     ],
 )
 def test_system_checks__report_bad_definitions(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pools.exceptions import PoolConfigurationError
+from pools.exceptions import PoolConfigurationError, PoolKeyError
 from pools.specs import PoolSpec, validate_pool_name
 
 
@@ -101,3 +101,40 @@ def test_from_dict__accepts_a_concurrency_policy() -> None:
 
     spec = PoolSpec.from_dict({"pools": "warehouse", "concurrency_policy": "skip"})
     assert spec.concurrency_policy == "skip"
+
+
+# --------------------------------------------------------------------------- per-key patterns
+
+
+def test_pattern__accepted_in_a_spec_and_listed_as_pattern() -> None:
+    spec = PoolSpec.build({"global": 1, "tenant:{tenant_id}": 2})
+    assert spec.patterns == ["tenant:{tenant_id}"]
+    assert PoolSpec.build("warehouse").patterns == []
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["tenant:{}", "tenant:{0}", "tenant:{t.id}", "tenant:{t!r}", "tenant:{t:>3}", "{t", "bad {t}"],
+)
+def test_pattern__malformed_is_refused_at_decoration(pattern: str) -> None:
+    with pytest.raises(PoolConfigurationError, match="pattern"):
+        PoolSpec.build(pattern)
+
+
+def test_resolve__formats_each_pattern_and_keeps_the_lock_order() -> None:
+    spec = PoolSpec.build({"b-global": 1, "a:{x}": 2, "z:{x}-{y}": 1})
+    resolved = spec.resolve({"x": "k", "y": 7})
+    assert resolved.demand == {"a:k": 2, "b-global": 1, "z:k-7": 1}
+    assert list(resolved.demand) == sorted(resolved.demand)
+    assert resolved.templates == {"a:k": "a:{x}", "z:k-7": "z:{x}-{y}"}
+    assert resolved.patterns == []
+
+
+def test_resolve__missing_argument_or_bad_value_is_a_pool_key_error() -> None:
+    spec = PoolSpec.build("tenant:{tenant_id}")
+    with pytest.raises(PoolKeyError, match="tenant_id"):
+        spec.resolve({}, task="app.job")
+    with pytest.raises(PoolKeyError, match="not a valid pool name"):
+        spec.resolve({"tenant_id": "a b"})
+    with pytest.raises(PoolKeyError, match="twice"):
+        PoolSpec.build({"t:{a}": 1, "t:{b}": 1}).resolve({"a": 1, "b": 1})
