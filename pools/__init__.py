@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pools.exceptions import (
+    BudgetExceeded,
     DemandExceedsCapacity,
     EntryNotFound,
     JobNotFound,
@@ -31,6 +32,7 @@ from pools.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from pools.core.budgets import Charged, Spend
     from pools.core.leases import Claim
     from pools.core.snapshots import PoolSnapshot
     from pools.models import QueueEntry
@@ -41,6 +43,7 @@ T = TypeVar("T")
 __version__ = "0.1.0"
 
 __all__ = [
+    "BudgetExceeded",
     "DemandExceedsCapacity",
     "EntryNotFound",
     "JobNotFound",
@@ -62,9 +65,11 @@ __all__ = [
     "UnserializableArguments",
     "__version__",
     "cancel",
+    "charge",
     "current_claim",
     "limit_run",
     "pooled",
+    "run_spend",
     "snapshot",
 ]
 
@@ -106,12 +111,18 @@ def pooled(
     )
 
 
-def limit_run(signature: Any, *, max_running: int, **options: Any) -> Any:
-    """Send a workflow with at most ``max_running`` of its pooled tasks admitted at once;
+def limit_run(
+    signature: Any,
+    *,
+    max_running: int | None = None,
+    budget: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Send a workflow as one run with a run cap (``max_running``), a budget, or both;
     see :func:`pools.celery.caps.limit_run`."""
     from pools.celery import caps
 
-    return caps.limit_run(signature, max_running=max_running, **options)
+    return caps.limit_run(signature, max_running=max_running, budget=budget, **options)
 
 
 def cancel(key: str, *, terminate: bool = False) -> QueueEntry:
@@ -133,3 +144,17 @@ def snapshot(name: str) -> PoolSnapshot:
     from pools.core import snapshots
 
     return snapshots.snapshot(name)
+
+
+def charge(*, cost: float = 0, tokens: int = 0) -> Charged | None:
+    """Charge the running pooled task's run; see :func:`pools.celery.budgets.charge`."""
+    from pools.celery import budgets
+
+    return budgets.charge(cost=cost, tokens=tokens)
+
+
+def run_spend(run_id: str) -> Spend | None:
+    """A run's budget and spend so far (``None`` without a budget)."""
+    from pools.core import budgets
+
+    return budgets.spend(run_id)

@@ -83,6 +83,32 @@ class PoolFull(PoolRefused):
         )
 
 
+class BudgetExceeded(PoolRefused):
+    """A run (every task sharing a ``root_id``) has spent one of its budgets.
+
+    Raised by a submit of a task of that run, and stored as the failure of the run's entries
+    that were still waiting when the budget was spent. ``args`` are plain data so the
+    exception survives the JSON result serializer.
+    """
+
+    code = "budget_exceeded"
+
+    def __init__(self, run: str, budget: str, limit: float, spent: float) -> None:
+        super().__init__(run, budget, limit, spent)
+        self.run = run
+        self.budget = budget
+        self.limit = limit
+        self.spent = spent
+
+    def __str__(self) -> str:
+        unit = {"seconds": " task seconds", "tokens": " tokens"}.get(self.budget, "")
+        return (
+            f"Run {self.run!r} has spent its {self.budget} budget: {self.spent:g} of "
+            f"{self.limit:g}{unit}. No further task of this run is admitted; start a new run, "
+            f"or give this work a larger budget."
+        )
+
+
 class DemandExceedsCapacity(PoolRefused, PoolConfigurationError):
     """A task asks for more slots than the pool will ever have."""
 

@@ -167,6 +167,22 @@ class Pool(models.Model):
     )
     #: Strategy ``fair``: the highest round of an admitted entry (under this row's lock).
     fair_round = models.BigIntegerField(_("fair round"), default=0, db_default=0, editable=False)
+    #: Daily spend cap in slot-seconds per UTC day (:mod:`pools.core.spendcap`).
+    spend_cap = models.FloatField(
+        _("daily spend cap"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text=_(
+            "Slot-seconds this pool may spend per UTC day; once spent it admits nothing "
+            "until the next day. Empty means no cap."
+        ),
+    )
+    #: The UTC day ``spent_today`` counts (a later day starts from zero).
+    spend_day = models.DateField(_("spend day"), null=True, blank=True, editable=False)
+    spent_today = models.FloatField(
+        _("slot-seconds spent"), default=0, db_default=0, editable=False
+    )
     #: Removed from POOLS['DEFINITIONS'] while it still held or queued work: deleted once empty.
     retiring = models.BooleanField(_("retiring"), default=False, db_default=False, editable=False)
     #: Slots held by this pool's admitted and running entries: changed only under this
@@ -497,3 +513,61 @@ class WorkerNode(models.Model):
 
     def __str__(self) -> str:
         return self.hostname
+
+
+class RunBudget(models.Model):
+    """The budget of one run (a workflow: every entry sharing a ``root_id``) and its spend.
+
+    Changed only by :mod:`pools.core.budgets`, under this row's lock (``SELECT ... FOR
+    UPDATE``), which every enqueue of the run takes before its pool locks: once a charge
+    has marked the run exhausted, no entry of the run waits or joins a line.
+    """
+
+    #: The run's id: the ``root_id`` Celery gives every task of the workflow.
+    root_id = models.CharField(_("run (root id)"), max_length=255, unique=True)
+    max_seconds = models.FloatField(_("task seconds budget"), null=True, blank=True)
+    max_cost = models.FloatField(_("cost budget"), null=True, blank=True)
+    max_tokens = models.PositiveBigIntegerField(_("tokens budget"), null=True, blank=True)
+    seconds = models.FloatField(_("task seconds spent"), default=0)
+    cost = models.FloatField(_("cost spent"), default=0)
+    tokens = models.PositiveBigIntegerField(_("tokens spent"), default=0)
+    #: The budget that stopped the run (``seconds``, ``cost`` or ``tokens``); empty while open.
+    exhausted_by = models.CharField(_("stopped by"), max_length=8, blank=True, default="")
+    exhausted_at = models.DateTimeField(_("stopped at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created"))
+
+    class Meta:
+        verbose_name = _("run budget")
+        verbose_name_plural = _("run budgets")
+
+    def __str__(self) -> str:
+        state = f"stopped by {self.exhausted_by}" if self.exhausted_by else "open"
+        return f"run {self.root_id} ({state})"
+
+
+class Charge(models.Model):
+    """What one attempt of one entry spent: one row per (entry, fencing token).
+
+    ``cost`` and ``tokens`` add up the attempt's ``pools.charge()`` calls; ``seconds`` is
+    the attempt's task time, set once when the worker settles it.
+    """
+
+    run = models.ForeignKey(RunBudget, on_delete=models.CASCADE, related_name="charges")
+    entry_id = models.BigIntegerField(_("entry"))
+    token = models.PositiveBigIntegerField(_("fencing token"))
+    key = models.CharField(_("key"), max_length=255, blank=True)
+    task_name = models.CharField(_("task"), max_length=255, blank=True)
+    seconds = models.FloatField(_("task seconds"), default=0)
+    cost = models.FloatField(_("cost"), default=0)
+    tokens = models.PositiveBigIntegerField(_("tokens"), default=0)
+    at = models.DateTimeField(_("last charged at"))
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["entry_id", "token"], name="pools_charge_attempt")
+        ]
+        verbose_name = _("charge")
+        verbose_name_plural = _("charges")
+
+    def __str__(self) -> str:
+        return f"#{self.entry_id}:{self.token} {self.seconds:g}s {self.cost:g} {self.tokens}t"

@@ -71,6 +71,7 @@ CALL_OPTIONS = frozenset(
         "job_key",
         "idempotency_key",
         "fairness_key",
+        "budget",
     }
 )
 #: Concurrency policies (``pools.models.ConcurrencyPolicy``; listed here, which imports no model).
@@ -81,6 +82,9 @@ MAX_KEY_LENGTH = 200
 #: A job key or idempotency key: a fixed string (per call) or a callable of the task's
 #: arguments (``@pooled``) returning one (or None: no key for that call).
 KeySource = Callable[..., object] | str | None
+
+#: The kinds of run budget, in the order they are checked and shown.
+BUDGET_KINDS = ("seconds", "cost", "tokens")
 
 
 def validate_pool_name(name: object) -> str:
@@ -101,6 +105,60 @@ def validate_worker(value: object) -> str:
             f"name 'celery inspect ping' shows), got {value!r}."
         )
     return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """Limits on what one run (a workflow: every task sharing a ``root_id``) may spend.
+
+    Each is optional (``None``: unlimited): ``seconds`` of task time measured by the
+    workers, ``cost`` and ``tokens`` reported by the tasks with ``pools.charge()``.
+    """
+
+    seconds: float | None = None
+    cost: float | None = None
+    tokens: int | None = None
+
+    @classmethod
+    def from_mapping(cls, raw: object) -> Budget:
+        """Check ``{"cost": 10, "tokens": 5000, "seconds": 600}`` (any subset, at least one)."""
+        if isinstance(raw, Budget):
+            return raw
+        if not isinstance(raw, Mapping) or not raw:
+            raise PoolConfigurationError(
+                f"A run budget must be a dict with one or more of {list(BUDGET_KINDS)}, such as "
+                f"{{'cost': 10, 'tokens': 5000, 'seconds': 600}}; got {raw!r}."
+            )
+        unknown = set(raw) - set(BUDGET_KINDS)
+        if unknown:
+            raise PoolConfigurationError(
+                f"Unknown budget key(s) {sorted(unknown)}; allowed: {list(BUDGET_KINDS)}."
+            )
+        values: dict[str, Any] = {}
+        for kind, value in raw.items():
+            if value is None:
+                continue
+            if kind == "tokens":
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise PoolConfigurationError(
+                        f"budget['tokens'] must be a positive integer or None, got {value!r}."
+                    )
+                values[kind] = value
+            else:
+                if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                    raise PoolConfigurationError(
+                        f"budget[{kind!r}] must be a positive number or None, got {value!r}."
+                    )
+                values[kind] = float(value)
+        if not values:
+            raise PoolConfigurationError(
+                f"A run budget needs at least one limit among {list(BUDGET_KINDS)}; got {raw!r}."
+            )
+        return cls(**values)
+
+    def limits(self) -> dict[str, float | int]:
+        """The limits that are set, by kind."""
+        return {k: v for k in BUDGET_KINDS if (v := getattr(self, k)) is not None}
 
 
 def is_pattern(name: str) -> bool:
@@ -323,6 +381,8 @@ class PoolSpec:
     max_running: int | None = None
     #: For a spec with its caps added: ``{cap pool name: its capacity}`` (made on first use).
     caps: dict[str, int] = field(default_factory=dict)
+    #: Per call, on the first task of a run: the run's budget (:class:`Budget`).
+    budget: Budget | None = None
 
     def __post_init__(self) -> None:
         """Check a spec however it was made (``build``, ``replace`` or by hand).
@@ -444,6 +504,9 @@ class PoolSpec:
                 if value is None
                 else validate_fairness_key(value, what="pool_options['fairness_key']")
             )
+        if "budget" in options:
+            raw = options["budget"]
+            changes["budget"] = None if raw is None else Budget.from_mapping(raw)
         return replace(self, **changes)
 
     @property

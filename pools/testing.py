@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
 from pools.celery.keeper import keeper
 from pools.core import admission, sweeps
 from pools.core.snapshots import PoolSnapshot, snapshot
@@ -29,3 +33,20 @@ def admit(*pools: str) -> int:
 def pool_state(name: str) -> PoolSnapshot:
     """Snapshot of one pool (held, waiting, head of line)."""
     return snapshot(name)
+
+
+@contextmanager
+def spend_clock(now: datetime | Callable[[], datetime]) -> Iterator[None]:
+    """Make the daily spend caps read the day from ``now`` (a time, or a callable) in the block.
+
+    ``with spend_clock(datetime(2026, 1, 1, 23, 59, tzinfo=UTC)): ...``; pass a callable to
+    move the clock inside the block.
+    """
+    from pools.core import spendcap
+
+    before = spendcap.clock
+    spendcap.clock = now if callable(now) else (lambda: now)
+    try:
+        yield
+    finally:
+        spendcap.clock = before

@@ -62,6 +62,13 @@ class PoolRow:
     max_queued: int | None
     nearest_deadline: datetime | None
     head: list[HeadEntry]
+    #: The capacity a pending change drains to (SPEC §6); None when no change is pending.
+    pending_slots: int | None = None
+
+    @property
+    def draining(self) -> bool:
+        """True while a capacity change waits for the entries queued before it."""
+        return self.pending_slots is not None
 
     @property
     def free(self) -> int:
@@ -159,6 +166,7 @@ def load(*, head: int = HEAD) -> list[PoolRow]:
             max_queued=p.max_queued,
             nearest_deadline=p.nearest_deadline,  # type: ignore[attr-defined]
             head=heads.get(p.pk, []),
+            pending_slots=p.pending_slots,
         )
         for p in pools
     ]

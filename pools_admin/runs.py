@@ -3,8 +3,8 @@
 A run is every entry whose ``root_id`` is the run's id, plus the root entry itself
 (Celery leaves ``root_id`` empty or equal to its own id on the first task). The panel
 costs a fixed number of queries: the run's entries, their pools, the "why" of the
-waiting ones (:mod:`pools_admin.why`, ``2 + 3 x pools``) and one for the holders drawn
-on the timelines.
+waiting ones (:mod:`pools_admin.why`, ``2 + 3 x pools``), one for the holders drawn
+on the timelines and two for the run's budget and spend (:mod:`pools.core.budgets`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 from django.utils import timezone
 
+from pools.core import budgets
 from pools.core import explain as core
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
 from pools_admin import timeline, why
@@ -49,6 +50,23 @@ class TaskRow:
         return self.entry.task_name.rsplit(".", 1)[-1]
 
 
+@dataclass(frozen=True, kw_only=True)
+class BudgetRow:
+    """One kind of budget of a run: its limit (None: unlimited), the spend, if it stopped it."""
+
+    kind: str
+    limit: float | None
+    spent: float
+    stopped: bool
+
+    @property
+    def percent(self) -> int:
+        """Spent share of the limit, 0-100 (0 without a limit)."""
+        if not self.limit:
+            return 0
+        return min(round(100 * self.spent / self.limit), 100)
+
+
 @dataclass(kw_only=True)
 class RunPanel:
     """The run panel of one run (or of one entry, which is then ``focus``)."""
@@ -63,6 +81,25 @@ class RunPanel:
     #: More tasks than :data:`MAX_TASKS` exist in the run.
     truncated: bool = False
     focus: QueueEntry | None = None
+    #: The run's budget and spend so far (``None``: the run has no budget).
+    budget: budgets.Spend | None = None
+
+    @property
+    def budget_rows(self) -> list[BudgetRow]:
+        """One row per kind of budget the run has a limit for, or spends."""
+        if self.budget is None:
+            return []
+        b = self.budget
+        return [
+            BudgetRow(
+                kind=kind,
+                limit=b.limits.get(kind),
+                spent=b.spent[kind],
+                stopped=b.stopped_by == kind,
+            )
+            for kind in ("seconds", "cost", "tokens")
+            if kind in b.limits or b.spent[kind]
+        ]
 
     @property
     def total(self) -> int:
@@ -182,6 +219,7 @@ def load(
     pools = {p.name: p for p in Pool.objects.filter(name__in=names).order_by("name")}
     explained = why.explain_entries(entries, pools, now)
     panel = RunPanel(root_id=root_id, now=now, window=window, truncated=truncated, focus=focus)
+    panel.budget = budgets.spend(root_id)
     for e in entries:
         row = TaskRow(
             entry=e,

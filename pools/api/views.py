@@ -186,6 +186,61 @@ class PoolDetailView(PoolsAPIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class _PauseView(PoolsAPIView):
+    """Base of ``POST pools/<name>/pause`` and ``POST pools/<name>/resume``."""
+
+    perms = _perms(POST="pools.change_pool")
+    paused = True
+
+    def post(self, request: Request, name: str) -> Response:
+        """Pause or resume the pool (idempotent); answers the pool."""
+        definitions.set_paused(name, self.paused)
+        snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
+        return Response(s.PoolSnapshotSerializer(snap).data)
+
+
+_PAUSE_RESPONSES = {
+    200: s.PoolSnapshotSerializer,
+    404: _error("Unknown pool."),
+    **COMMON,
+}
+
+
+class PoolPauseView(_PauseView):
+    """``POST pools/<name>/pause``: the pool admits nothing; its entries keep their place."""
+
+    paused = True
+
+    @extend_schema(
+        operation_id="pools_pause",
+        request=None,
+        responses=_PAUSE_RESPONSES,
+        description="Pause the pool: it admits nothing, waiting entries keep their place, and "
+        "with paused_policy 'reject' new submits are refused (pool_paused). Idempotent. The "
+        "change is logged.",
+    )
+    def post(self, request: Request, name: str) -> Response:
+        """Pause the pool."""
+        return super().post(request, name)
+
+
+class PoolResumeView(_PauseView):
+    """``POST pools/<name>/resume``: admission runs again."""
+
+    paused = False
+
+    @extend_schema(
+        operation_id="pools_resume",
+        request=None,
+        responses=_PAUSE_RESPONSES,
+        description="Resume a paused pool: admission runs after the change commits. "
+        "Idempotent. The change is logged.",
+    )
+    def post(self, request: Request, name: str) -> Response:
+        """Resume the pool."""
+        return super().post(request, name)
+
+
 class PoolEntriesView(PoolsAPIView):
     """``GET pools/<name>/entries/``: a page of the pool's entries in one state."""
 

@@ -15,13 +15,22 @@ marker: the sweep deletes them once idle for ``POOLS['TEMPLATE_IDLE_SECONDS']``.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from celery.utils import uuid
 
-from pools.core import definitions
+from pools.core import budgets, definitions
+from pools.exceptions import PoolConfigurationError
 from pools.models import Pool
-from pools.specs import RUN_CAP_PREFIX, TASK_CAP_PREFIX, PoolSpec, cap_pool_name, validate_slots
+from pools.specs import (
+    RUN_CAP_PREFIX,
+    TASK_CAP_PREFIX,
+    Budget,
+    PoolSpec,
+    cap_pool_name,
+    validate_slots,
+)
 
 #: ``template`` marker of run-cap and task-cap pools (shown in the admin; idle retirement).
 RUN_CAP_TEMPLATE = RUN_CAP_PREFIX + "{root_id}"
@@ -35,21 +44,40 @@ _UNCAPPED_MAX = 10_000
 _ENSURED: dict[str, int] = {}
 
 
-def limit_run(signature: Any, *, max_running: int, **options: Any) -> Any:
-    """Send a workflow (a signature, chain or group) with at most ``max_running`` of its
-    pooled tasks admitted at once, across every worker; returns what ``apply_async`` returns.
+def limit_run(
+    signature: Any,
+    *,
+    max_running: int | None = None,
+    budget: Mapping[str, Any] | Budget | None = None,
+    **options: Any,
+) -> Any:
+    """Send a workflow (a signature, chain, group or chord) as one run with a run cap, a
+    budget, or both; returns what ``apply_async`` returns.
 
-    ``pools.limit_run(group(resize.s(i) for i in range(500)), max_running=4)``. The
-    workflow's ``root_id`` (given in ``options``, else a new id) names the cap; tasks the
-    workflow's tasks start inherit it, as Celery passes ``root_id`` down. Only pooled tasks
-    (``@pooled``, or the default pool when it is on) are held back by it.
+    ``max_running=N``: at most N of its pooled tasks admitted at once, across every worker
+    (``pools.limit_run(group(resize.s(i) for i in range(500)), max_running=4)``).
+    ``budget={"cost": 10, "tokens": 5000, "seconds": 600}`` (any subset): what the run may
+    spend (:mod:`pools.core.budgets`). The workflow's ``root_id`` (given in ``options``,
+    else a new id) names the run; tasks the workflow's tasks start inherit it, as Celery
+    passes ``root_id`` down. Only pooled tasks (``@pooled``, or the default pool when it is
+    on) are held back. Both are written (committed) before anything is sent. Raises
+    :class:`~pools.exceptions.PoolConfigurationError` for a bad value, or when neither is
+    given.
     """
-    slots = validate_slots(max_running, what="max_running")
+    if max_running is None and budget is None:
+        raise PoolConfigurationError(
+            "limit_run() needs max_running=N (a run cap), budget={...} (a run budget), or both."
+        )
+    slots = None if max_running is None else validate_slots(max_running, what="max_running")
+    limits = None if budget is None else Budget.from_mapping(budget)
     root_id = str(options.pop("root_id", None) or signature.options.get("root_id") or uuid())
-    definitions.ensure_cap_pool(
-        cap_pool_name(RUN_CAP_PREFIX, root_id), slots, template=RUN_CAP_TEMPLATE
-    )
-    _UNCAPPED.pop(root_id, None)
+    if limits is not None:
+        budgets.open_run(root_id, limits)
+    if slots is not None:
+        definitions.ensure_cap_pool(
+            cap_pool_name(RUN_CAP_PREFIX, root_id), slots, template=RUN_CAP_TEMPLATE
+        )
+        _UNCAPPED.pop(root_id, None)
     return signature.apply_async(root_id=root_id, **options)
 
 

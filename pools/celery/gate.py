@@ -29,10 +29,16 @@ from django.utils import timezone
 from pools import conf
 from pools.celery import caps, messages, refusals, results
 from pools.celery.decorators import gate_task, spec_of
-from pools.celery.messages import ADMITTED_OPTION, CALL_OPTION, CLAIM_HEADER, ORIGIN_OPTION
+from pools.celery.messages import (
+    ADMITTED_OPTION,
+    BUDGET_HEADER,
+    CALL_OPTION,
+    CLAIM_HEADER,
+    ORIGIN_OPTION,
+)
 from pools.core import admission, definitions
 from pools.core.locking import unavailable_on_error
-from pools.core.records import Admission, Enqueued, Finished, Submission
+from pools.core.records import BUDGET_OPTION, Admission, Enqueued, Finished, Submission
 from pools.exceptions import PoolConfigurationError, PoolUnavailable, UnknownPool
 from pools.models import ConcurrencyPolicy, Origin, QueueEntry
 from pools.specs import PoolSpec, resolve_key
@@ -383,9 +389,11 @@ def _submit(
     """
     assert _original_send_task is not None
     options.pop(CLAIM_HEADER, None)
+    options.pop(BUDGET_HEADER, None)
     headers = options.get("headers")
-    if isinstance(headers, dict) and CLAIM_HEADER in headers:
-        options["headers"] = {k: v for k, v in headers.items() if k != CLAIM_HEADER}
+    if isinstance(headers, dict) and (CLAIM_HEADER in headers or BUDGET_HEADER in headers):
+        dropped = (CLAIM_HEADER, BUDGET_HEADER)
+        options["headers"] = {k: v for k, v in headers.items() if k not in dropped}
 
     def enqueue(message: messages.HeldMessage) -> None:
         _enqueue_held(message, spec, origin, fields or JobFields())
@@ -408,6 +416,7 @@ def _enqueue_held(
     refusals.check_size(message.task_name, message.body)
     headers = message.headers
     headers.pop(CLAIM_HEADER, None)
+    headers.pop(BUDGET_HEADER, None)
     if origin is None:
         origin = Origin.BEAT if headers.get("periodic_task_name") else Origin.CODE
     try:
@@ -570,6 +579,8 @@ class CeleryBridge:
 
     def _publish_one(self, app: Celery, producer: Any, adm: Admission, now: datetime) -> None:
         claim = {CLAIM_HEADER: f"{adm.entry_id}:{adm.token}"}
+        if adm.options.get(BUDGET_OPTION):
+            claim[BUDGET_HEADER] = adm.options[BUDGET_OPTION]
         held = messages.held_in(adm.options)
         if held is not None:
             messages.publish(producer, held, extra_headers=claim, queues=app.amqp.queues, now=now)

@@ -30,6 +30,9 @@ from kombu.utils import json as kombu_json
 
 #: Message header carrying ``"<entry id>:<token>"`` on admitted messages.
 CLAIM_HEADER = "pools_claim"
+#: Header of an admitted message whose run has a budget: the run id (the worker measures
+#: the attempt's task seconds and charges them when it settles).
+BUDGET_HEADER = "pools_budget"
 #: Internal ``send_task`` option marking a publish made by the gate itself.
 ADMITTED_OPTION = "_pools_admitted"
 #: Internal ``send_task`` option naming the origin of a submission (e.g. ungated delivery).

@@ -5,7 +5,8 @@ task: REVOKED with reason ``expired`` (a failed part of its chord). One whose
 ``queue_timeout`` passed becomes a FAILURE carrying :class:`~pools.exceptions.QueueTimeout`;
 a cancelled one becomes REVOKED; one dropped by a full backlog's overflow policy
 (``drop_oldest`` / ``drop_newest``) becomes a FAILURE carrying
-:class:`~pools.exceptions.PoolFull`. Those two also call ``link_error`` callbacks and count
+:class:`~pools.exceptions.PoolFull`; one whose run spent a budget (reason ``budget``) a
+FAILURE carrying :class:`~pools.exceptions.BudgetExceeded`. Those also call ``link_error`` callbacks and count
 as a failed part of a chord, the way a failing task would.
 """
 
@@ -20,7 +21,7 @@ from celery.utils.functional import maybe_list
 
 from pools.celery import messages
 from pools.core.records import EXPIRES, Finished
-from pools.exceptions import PoolFull, QueueTimeout
+from pools.exceptions import BudgetExceeded, PoolFull, QueueTimeout
 
 
 def _request(item: Finished) -> Context:
@@ -70,6 +71,12 @@ def report(item: Finished) -> None:
         return
     if item.state == "expired":
         backend.mark_as_failure(item.key, QueueTimeout(item.pool, item.deadline), request=request)
+        return
+    if item.budget is not None:
+        # Its run spent a budget while it waited: fails as a submit to the run would.
+        stop = item.budget
+        exc = BudgetExceeded(stop.run, stop.budget, stop.limit, stop.spent)
+        backend.mark_as_failure(item.key, exc, request=request)
         return
     if item.dropped_at is not None:
         # Dropped by a full backlog's overflow policy: fails as the submit would have.

@@ -24,7 +24,7 @@ from django.db import connection
 from pools import conf
 from pools.celery import messages
 from pools.celery.keeper import body_running, keeper
-from pools.core import admission, leases, nodes
+from pools.core import admission, budgets, leases, nodes
 from pools.core.leases import Claim
 from pools.exceptions import LeaseLost, PoolUnavailable
 from pools.models import Origin
@@ -38,6 +38,8 @@ logger = logging.getLogger("pools.celery.worker")
 _local = threading.local()
 _claims: dict[str, Claim] = {}
 _claims_lock = threading.Lock()
+#: When the body of a delivery whose run has a budget started (``time.monotonic()``).
+_timed: dict[str, float] = {}
 
 #: Celery task states -> entry outcome.
 OUTCOMES = {
@@ -77,6 +79,25 @@ def claim_of(request: Any) -> tuple[int, int] | None:
     return parse_claim(raw)
 
 
+def budget_of(request: Any) -> str:
+    """The run id a delivery's ``pools_budget`` header names (its run has a budget), or ""."""
+    raw = (getattr(request, "headers", None) or {}).get(messages.BUDGET_HEADER) or getattr(
+        request, messages.BUDGET_HEADER, None
+    )
+    return raw if isinstance(raw, str) else ""
+
+
+def _charge_seconds(claim: Claim, started: float) -> None:
+    """Charge the attempt's task seconds to its run (before it settles: still its token)."""
+    seconds = time.monotonic() - started
+    try:
+        budgets.charge(claim.entry_id, claim.token, seconds=seconds)
+    except LeaseLost:
+        logger.info("Entry %s: lease lost, its task seconds are not charged", claim.entry_id)
+    except Exception:
+        logger.exception("Could not charge the task seconds of entry %s", claim.entry_id)
+
+
 def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run ``fn`` if the current delivery holds a valid claim (called by the wrapped ``run``)."""
     task = current_task
@@ -108,6 +129,8 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     keeper.hold(claim)
     with _claims_lock:
         _claims[request.id] = claim
+        if budget_of(request):
+            _timed[request.id] = time.monotonic()
     _local.claim = claim
     try:
         with body_running():
@@ -200,10 +223,13 @@ def _settle_after_run(
         return
     with _claims_lock:
         claim = _claims.pop(task_id, None)
+        started = _timed.pop(task_id, None)
     if claim is None:
         return
     lost, expires_at = keeper.release(claim.entry_id)
     _drop_broken_connection()
+    if started is not None and not lost:
+        _charge_seconds(claim, started)
     try:
         if lost:
             admission.requeue(claim.entry_id, claim.token, reason="lease lost")

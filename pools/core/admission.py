@@ -43,9 +43,11 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from pools import conf
-from pools.core import dispatch, eligibility, events, nodes, strategies
+from pools.core import budgets, dispatch, eligibility, events, nodes, spendcap, strategies
 from pools.core.locking import locked_pools, unavailable_on_error
 from pools.core.records import (
+    BUDGET,
+    BUDGET_OPTION,
     EXPIRES,
     QUEUE_TIMEOUT,
     Admission,
@@ -168,6 +170,10 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
     free = {pid: p.slots - held.get(pid, 0) for pid, p in by_id.items()}
     lease = timedelta(seconds=conf.get().LEASE_SECONDS)
     _promote_due(pools, now, result)
+    capped = spendcap.capped_names(pools.values())
+    if capped:  # admits nothing today: look again when the next UTC day starts
+        for name in capped:
+            result.wake[name] = min(result.wake.get(name, spendcap.next_day()), spendcap.next_day())
     admitted: list[QueueEntry] = []
     expired: list[QueueEntry] = []
     done: set[int] = set()
@@ -192,7 +198,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
         lines: dict[int, deque[Demand]] = {}
         full_batch: set[int] = set()
         for pid, pool in by_id.items():
-            if pool.paused or free[pid] <= 0:
+            if pool.paused or free[pid] <= 0 or pool.name in capped:
                 continue
             limit = min(free[pid] + (CAP_PASS if pid in passes else 0), LINE_BATCH)
             query = Demand.objects.line(pid).select_related("entry")
@@ -549,7 +555,11 @@ def enqueue(sub: Submission) -> Enqueued:
     """
     now = timezone.now()
     deadline = _deadline(sub, now)
-    if sub.plain and fastpath.enabled():
+    budgeted = budgets.may_have_budget(sub) and bool(
+        sub.spec.budget or budgets.has_budget(budgets.run_id_of(sub))
+    )
+    # A task of a run with a budget takes the Python path: its run's row is locked first.
+    if sub.plain and not budgeted and fastpath.enabled():
         enqueued = _enqueue_in_one_call(sub, now, deadline)
         if enqueued is not None:
             return enqueued
@@ -559,9 +569,10 @@ def enqueue(sub: Submission) -> Enqueued:
             existing = holder_of(key, other_than=sub.key)
         if existing is not None:
             return existing
+    locked = _enqueue_in_budgeted_run if budgeted else _enqueue_locked
     for _ in range(2):
         try:
-            return _enqueue_locked(sub, now, deadline)
+            return locked(sub, now, deadline)
         except IntegrityError as exc:
             if key is None or IDEMPOTENCY_COLUMN not in str(exc):
                 raise
@@ -590,6 +601,22 @@ def holder_of(key: str, *, other_than: str = "") -> Enqueued | None:
     return Enqueued(
         entry_id=row[0], key=row[1], admitted=False, created=False, existing_state=row[2]
     )
+
+
+def _enqueue_in_budgeted_run(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
+    """:func:`enqueue` of a task of a run with a budget: the run's row is locked first.
+
+    Raises :class:`~pools.exceptions.BudgetExceeded` when the run has spent a budget. Taken
+    before the pool locks (the order :mod:`pools.core.budgets` documents), so the charge
+    that stops the run and this enqueue are serialized: no entry joins a stopped run's line.
+    Always the Python path (the fast-path functions do not know budgets).
+    """
+    with unavailable_on_error(f"run {budgets.run_id_of(sub)!r}"), transaction.atomic():
+        run = budgets.lock_for_enqueue(sub, now)
+        if run is None:  # cannot happen after has_budget(), unless the row was deleted
+            return _enqueue_locked(sub, now, deadline)
+        options = {**sub.options, BUDGET_OPTION: run.root_id}
+        return _enqueue_locked(replace(sub, options=options), now, deadline)
 
 
 def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -> Enqueued:
@@ -939,7 +966,8 @@ def settle(
             lease_expires_at=None,
         )
         if changed:
-            entry.refresh_from_db(fields=["key", "token", "demand", "state"])
+            entry.refresh_from_db(fields=["key", "token", "demand", "state", "admitted_at"])
+            spendcap.add_spend(pools, entry, now)
             Demand.objects.filter(entry_id=entry_id).update(state=entry.state)
             _change_held(pools, [entry], -1)
             events.transition(EventKind.SETTLED, [entry], at=now, detail={"outcome": entry.state})
@@ -947,6 +975,15 @@ def settle(
     if changed:
         _follow_up(needs | _forbid_waiters(entry.job, pools))
     return bool(changed)
+
+
+def _add_spend_after_settle(entry_id: int, names: set[str]) -> None:
+    """Fast path: add a settled attempt's slot-seconds to those of ``names`` that are capped."""
+    with locked_pools(names) as pools:
+        if not any(p.spend_cap is not None for p in pools.values()):
+            return
+        entry = QueueEntry.objects.only("demand", "admitted_at", "finished_at").get(pk=entry_id)
+        spendcap.add_spend(pools, entry, entry.finished_at or timezone.now())
 
 
 def _forbid_waiters(job: str, locked: Iterable[str]) -> set[str]:
@@ -985,6 +1022,11 @@ def _settle_in_one_call(
     if settled is None:
         return False
     _on_commit(reply)
+    # Capped pools are 'fallback' pools of the function: add the attempt's spend before
+    # the Python pass over them decides.
+    spend_pools = reply.fallbacks & set(settled.demand or {})
+    if spend_pools:
+        _add_spend_after_settle(entry_id, spend_pools)
     job = (settled.detail or {}).get("job", "")
     # As settle() on the ORM path: one pass over the pools the function left to Python
     # (the pass settle() runs under its locks), then one follow-up over the pools that
@@ -1037,10 +1079,26 @@ def requeue(
         Demand.objects.filter(entry_id=entry_id).update(state=EntryState.WAITING)
         _change_held(pools, [entry], -1)
         events.record(EventKind.REQUEUED, [entry], at=now, detail={"reason": reason})
+        stop = budgets.rejects_requeue(entry)
+        if stop is not None:  # its run has spent a budget: it does not wait again
+            finished = [
+                replace(f, budget=stop)
+                for f in _finish_waiting([entry], EntryState.REJECTED, now, reason=BUDGET)
+            ]
+            needs = _admit_in(pools, now, finished)
         # The pass expires it if its deadline is gone, or admits it again.
-        needs = _admit_in(pools, now) if admit else set()
+        elif admit:
+            needs = _admit_in(pools, now)
+        else:
+            needs = set()
     _follow_up(needs)
     return True
+
+
+#: For :mod:`pools.core.budgets`, which ends a stopped run's waiting entries under its locks.
+finish_waiting = _finish_waiting
+admit_in = _admit_in
+follow_up = _follow_up
 
 
 def cancel(

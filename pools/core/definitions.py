@@ -46,6 +46,7 @@ _FIELDS = {
     "paused_policy",
     "strategy",
     "aging_seconds",
+    "spend_cap",
 }
 #: Fields whose change gives the waiting entries new places (:func:`strategies.rerank`).
 _ORDER_FIELDS = ("strategy", "aging_seconds")
@@ -72,6 +73,8 @@ class PoolDefinition:
     strategy: str = Strategy.PRIORITY
     #: Strategy ``priority``: one priority level gained per this many seconds waited.
     aging_seconds: int | None = None
+    #: Slot-seconds the pool may spend per UTC day (:mod:`pools.core.spendcap`); None: no cap.
+    spend_cap: float | None = None
 
 
 def parse(name: str, raw: Any) -> PoolDefinition:
@@ -115,6 +118,7 @@ def parse(name: str, raw: Any) -> PoolDefinition:
         ),
         strategy=strategy,
         aging_seconds=aging,
+        spend_cap=_spend_cap(raw.get("spend_cap"), f"{where}['spend_cap']"),
     )
 
 
@@ -129,6 +133,18 @@ def check_order(strategy: str, aging_seconds: int | None, *, where: str = "") ->
         )
         exc.field = "aging_seconds"
         raise exc
+
+
+def _spend_cap(value: Any, what: str) -> float | None:
+    """A daily spend cap: a positive number of slot-seconds, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise PoolConfigurationError(
+            f"{what} must be a positive number of slot-seconds per UTC day (e.g. 3600 * 8 for "
+            f"eight slot-hours) or None, got {value!r}."
+        )
+    return float(value)
 
 
 def _choice(
@@ -258,6 +274,7 @@ def sync() -> SyncReport:
                     "paused_policy": d.paused_policy,
                     "strategy": d.strategy,
                     "aging_seconds": d.aging_seconds,
+                    "spend_cap": d.spend_cap,
                     "defined_in_settings": True,
                 },
             )
@@ -274,6 +291,7 @@ def sync() -> SyncReport:
                 "paused_policy": d.paused_policy,
                 "strategy": d.strategy,
                 "aging_seconds": d.aging_seconds,
+                "spend_cap": d.spend_cap,
                 "defined_in_settings": True,
                 "retiring": False,
             }
@@ -532,6 +550,7 @@ EDITABLE = (
     "paused_policy",
     "strategy",
     "aging_seconds",
+    "spend_cap",
 )
 
 
@@ -563,6 +582,8 @@ def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
                 out[key] = _choice(value, Strategy, "", key)
             elif key == "aging_seconds":
                 out[key] = None if value is None else validate_slots(value, what="aging_seconds")
+            elif key == "spend_cap":
+                out[key] = _spend_cap(value, "spend_cap")
             else:
                 raise PoolConfigurationError(
                     f"Unknown pool field {key!r}; allowed: name, {', '.join(EDITABLE)}."
@@ -584,6 +605,7 @@ def create_pool(
     paused_policy: str = PausedPolicy.QUEUE,
     strategy: str = Strategy.PRIORITY,
     aging_seconds: int | None = None,
+    spend_cap: float | None = None,
     actor: str | None = None,
 ) -> Pool:
     """Create a pool (admin, API). Raises ``PoolConfigurationError`` (bad field, name taken)."""
@@ -598,6 +620,7 @@ def create_pool(
             "paused_policy": paused_policy,
             "strategy": strategy,
             "aging_seconds": aging_seconds,
+            "spend_cap": spend_cap,
         }
     )
     check_order(values["strategy"], values["aging_seconds"])

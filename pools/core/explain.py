@@ -11,7 +11,8 @@ the line. An entry whose ``not_before`` is still in the future is not in line: n
 **blocked_by** is one of a closed set (:data:`BLOCKERS`), decided per pool in this order:
 
 1. ``not_before``: the entry is not due yet (``detail["until"]``);
-2. ``paused``: the pool is paused;
+2. ``paused``: the pool is paused; ``spend_cap``: the pool has spent its daily spend cap
+   (slot-seconds per UTC day; ``detail["spent"]``, ``detail["cap"]``, ``detail["until"]``);
    then, for the first entry in line that is ineligible (:mod:`pools.core.eligibility`):
    ``forbid`` (``concurrency_policy="forbid"`` and another instance of its job is admitted
    or running: ``detail["job"]``, ``detail["holder"]``) or ``worker_unavailable`` (pinned
@@ -50,7 +51,7 @@ from typing import Any
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from pools.core import eligibility
+from pools.core import eligibility, spendcap
 from pools.exceptions import EntryNotFound
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
 from pools.specs import CAP_PREFIXES, gate_rank
@@ -66,6 +67,7 @@ BLOCKERS = (
     "forbid",
     "run_cap",
     "task_cap",
+    "spend_cap",
 )
 #: How many recent holds the ETA averages over, per pool.
 HOLD_SAMPLE = 50
@@ -318,6 +320,24 @@ def decide(
             message=f"Pool {name!r} is paused: nothing is admitted until it is resumed.{behind}",
             detail={"ahead": ahead},
             eta=None,
+        )
+    if spendcap.is_capped(pool):
+        until = spendcap.next_day()
+        return PoolPlace(
+            pool=name,
+            slots=slots,
+            position=position,
+            blocked_by="spend_cap",
+            message=f"Pool {name!r} has spent its daily spend cap "
+            f"({spendcap.spent(pool):g} of {pool.spend_cap:g} slot-seconds): nothing is "
+            f"admitted until the next UTC day.{behind}",
+            detail={
+                "ahead": ahead,
+                "spent": spendcap.spent(pool),
+                "cap": pool.spend_cap,
+                "until": until.isoformat(),
+            },
+            eta=until,
         )
     first = head is None or position == 1
     own = eligibility.blocker(entry) if first and eligibility.is_special(entry) else None

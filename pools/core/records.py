@@ -18,6 +18,21 @@ from pools.specs import PoolSpec
 EXPIRES = "expired"
 #: ``reason`` of an entry whose ``queue_timeout`` passed while it waited.
 QUEUE_TIMEOUT = "queue_timeout"
+#: ``reason`` of a waiting entry ended because its run spent a budget.
+BUDGET = "budget"
+#: Key in an entry's ``options`` naming its run when the run has a budget: the message is
+#: published with the ``pools_budget`` header, so the worker measures its task seconds.
+BUDGET_OPTION = "budget_run"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetStop:
+    """Which budget stopped a run, and the amounts (for :class:`~pools.exceptions.BudgetExceeded`)."""
+
+    run: str
+    budget: str
+    limit: float
+    spent: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +108,9 @@ class Finished:
     #: Set when a full backlog's overflow policy dropped the entry: that pool's
     #: ``max_queued`` (its result then fails with :class:`~pools.exceptions.PoolFull`).
     dropped_at: int | None = None
+    #: Set when the entry's run spent a budget (its result then fails with
+    #: :class:`~pools.exceptions.BudgetExceeded`).
+    budget: BudgetStop | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

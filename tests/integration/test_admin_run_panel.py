@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries
 
-from pools.core import admission, leases
+from pools.core import admission, budgets, leases
 from pools.models import QueueEntry
 from pools_admin import timeline
 from pools_admin.timeline import Hold
@@ -127,6 +127,43 @@ def test_run_panel__bounded_queries_whatever_the_run_size(
         html = admin_client.get(url).content.decode()
     assert html.count('data-state="waiting"') == 27
     assert len(ctx.captured_queries) == few
+
+
+def test_run_panel__budget_shows_the_spend_and_which_budget_stopped_the_run(
+    admin_client: Client, recorder: RecordingBridge
+) -> None:
+    make_pool("wh", 1)
+    budgets.open_run("budgeted", {"cost": 10, "seconds": 600})
+    submit("wh", key="b-root", root_id="budgeted")
+    submit("wh", key="b-child", root_id="budgeted", parent_id="b-root")
+    url = reverse("admin:pools_queueentry_run", args=["budgeted"])
+    root = QueueEntry.objects.get(key="b-root")
+    budgets.charge(root.queue_id, root.token, cost=4, tokens=120)
+    html = admin_client.get(url).content.decode()
+    section = html.split('id="run-budget"')[1].split("</section>")[0]
+    assert 'data-stopped-by=""' in html and "Stopped by" not in section
+    spent = dict(
+        re.findall(r'<tr data-budget="(\w+)".*?<td class="num" data-spent>([^<]+)<', section, re.S)
+    )
+    # Tokens have no limit but are spent: shown as unlimited.
+    assert spent == {"seconds": "0", "cost": "4", "tokens": "120"}
+    assert "40% of the cost budget" in section and "unlimited" in section
+    budgets.charge(root.queue_id, root.token, cost=6.25)
+    html = admin_client.get(url).content.decode()
+    section = html.split('id="run-budget"')[1].split("</section>")[0]
+    assert 'data-stopped-by="cost"' in html
+    assert "Stopped by the <strong>cost</strong> budget" in section
+    assert re.search(r'<tr data-budget="cost" class="is-stopped">', section)
+    assert "10.25" in section and "1 attempt charged" in section
+    # The rejected child is listed with its reason.
+    assert QueueEntry.objects.get(key="b-child").reason == "budget"
+
+
+def test_run_panel__run_without_budget_has_no_budget_section(
+    admin_client: Client, run: RecordingBridge
+) -> None:
+    html = admin_client.get(reverse("admin:pools_queueentry_run", args=[ROOT])).content.decode()
+    assert 'id="run-budget"' not in html
 
 
 def test_entry_panel__focuses_the_entry_in_its_run(

@@ -43,6 +43,8 @@ ENDPOINTS: list[tuple[str, str, Any, str]] = [
     ("post", "pools/", {"name": "new", "slots": 1}, "pools.add_pool"),
     ("patch", "pools/spare/", {"slots": 5, "paused": True}, "pools.change_pool"),
     ("delete", "pools/spare/", None, "pools.delete_pool"),
+    ("post", "pools/spare/pause", None, "pools.change_pool"),
+    ("post", "pools/wh/resume", None, "pools.change_pool"),
     ("post", "pools/wh/queue/w/cancel", {}, "pools.cancel_queueentry"),
     ("post", "jobs/nightly/start", None, "pools.start_job"),
 ]

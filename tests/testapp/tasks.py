@@ -14,6 +14,8 @@ from pools import current_claim, pooled
 
 #: Pool of the gate acceptance test; created by the test itself (not in settings).
 ACCEPT_POOL = "accept3"
+#: Pool of the run budget acceptance test; created by the test itself.
+BUDGET_POOL = "budget-run"
 
 
 @shared_task
@@ -131,6 +133,36 @@ def reject_once(self: Task) -> str:
     if not (self.request.delivery_info or {}).get("redelivered"):
         raise Reject("try again", requeue=True)
     return "second time"
+
+
+@shared_task
+@pooled(BUDGET_POOL)
+def spend(
+    label: str,
+    cost: float = 0,
+    tokens: int = 0,
+    sleep: float = 0,
+    spawn: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Sleep, charge the run, then start the ``spawn`` tasks (``priority`` per child).
+
+    A child the run's budget refuses is reported as ``"refused: <message>"``.
+    """
+    from pools import BudgetExceeded, charge
+
+    if sleep:
+        time.sleep(sleep)
+    charged = charge(cost=cost, tokens=tokens) if cost or tokens else None
+    children: list[str] = []
+    for child in spawn or []:
+        kwargs = dict(child)
+        priority = kwargs.pop("priority", 0)
+        try:
+            sent = spend.apply_async(kwargs=kwargs, pool_options={"priority": priority})  # type: ignore[call-arg]  # celery-types: no **options
+            children.append(sent.id)
+        except BudgetExceeded as exc:
+            children.append(f"refused: {exc}")
+    return {"label": label, "children": children, "stopped_by": charged and charged.stopped_by}
 
 
 def _order_key(order_id: int, *args: Any, **kwargs: Any) -> str:

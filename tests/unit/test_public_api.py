@@ -71,3 +71,19 @@ def test_import_pools__touches_neither_models_nor_celery() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_budget_functions__exported_with_their_engines_parameters() -> None:
+    from pools.celery import budgets as celery_budgets
+    from pools.celery import caps
+    from pools.core import budgets as core_budgets
+
+    assert {"BudgetExceeded", "charge", "limit_run", "run_spend"} <= set(pools.__all__)
+    assert _params(pools.charge) == _params(celery_budgets.charge)
+    assert _params(pools.limit_run) == _params(caps.limit_run)
+    assert _params(pools.run_spend) == _params(core_budgets.spend)
+    assert issubclass(pools.BudgetExceeded, pools.PoolRefused)
+
+
+def test_charge__outside_a_pooled_body_charges_nothing() -> None:
+    assert pools.charge(cost=1) is None

@@ -88,7 +88,7 @@ DECLARE
     v_until timestamptz := p_now + make_interval(secs => p_lease);
 BEGIN
     FOR r IN SELECT p.id, p.name, p.slots, p.held, p.admissions, p.paused, p.next_due_at,
-                    p.pending_slots, p.strategy, p.fair_round
+                    p.pending_slots, p.strategy, p.fair_round, p.spend_cap
                FROM pools_pool p
              WHERE p.id = ANY(p_pools) ORDER BY p.name LOOP
         v_next := r.next_due_at;
@@ -126,7 +126,9 @@ BEGIN
             RETURN QUERY SELECT * FROM pools_out_v6('wake', pool => r.name::text, at => v_next);
         END IF;
         CONTINUE WHEN r.paused;
-        IF r.pending_slots IS NOT NULL THEN
+        IF r.pending_slots IS NOT NULL OR r.spend_cap IS NOT NULL THEN
+            -- A daily spend cap (pools_pool.spend_cap, migration 0016): the Python pass
+            -- counts the day's spend and decides (pools/core/spendcap.py).
             -- Draining after a capacity change: the Python pass decides (and ends the drain).
             RETURN QUERY SELECT * FROM pools_out_v6('fallback', pool => r.name::text);
             CONTINUE;
