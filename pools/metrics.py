@@ -20,8 +20,9 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.utils import timezone
 
+from pools.core import spendcap
 from pools.exceptions import PoolConfigurationError
-from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent
+from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, RunBudget
 
 #: Event kinds counted as refusals (entries that ended without running), by ``reason``.
 REFUSALS = {
@@ -69,6 +70,9 @@ class PoolMetrics:
     refusals: dict[str, int] = field(default_factory=dict)
     #: Recent waits (``None``: no entry joined and left the line within the window).
     waits: WaitHistogram | None = None
+    #: Daily spend cap in slot-seconds (``None``: no cap) and the spend of today (UTC).
+    spend_cap: float | None = None
+    spent_today: float = 0.0
 
 
 def read() -> list[PoolMetrics]:
@@ -95,22 +99,35 @@ def read() -> list[PoolMetrics]:
     for pool, kind, n in rows:
         refusals.setdefault(pool, {})[REFUSALS[EventKind(kind)]] = n
     waits = read_waits()
+    day = spendcap.today()
+    fields = ("name", "slots", "held", "paused", "admissions", "spend_cap", "spend_day")
     return [
         PoolMetrics(
-            pool=name,
-            capacity=slots,
-            held=held,
-            waiting=waiting.get(name, 0),
-            paused=paused,
-            admissions=admissions,
-            lease_losses=losses.get(name, 0),
-            refusals=refusals.get(name, {}),
-            waits=waits.get(name),
+            pool=p.name,
+            capacity=p.slots,
+            held=p.held,
+            waiting=waiting.get(p.name, 0),
+            paused=p.paused,
+            admissions=p.admissions,
+            lease_losses=losses.get(p.name, 0),
+            refusals=refusals.get(p.name, {}),
+            waits=waits.get(p.name),
+            spend_cap=p.spend_cap,
+            spent_today=spendcap.spent(p, day) if p.spend_cap is not None else 0.0,
         )
-        for name, slots, held, paused, admissions in Pool.objects.order_by("name").values_list(
-            "name", "slots", "held", "paused", "admissions"
-        )
+        for p in Pool.objects.order_by("name").only(*fields, "spent_today")
     ]
+
+
+def read_budget_stops() -> dict[str, int]:
+    """Runs stopped by a budget, by the budget that stopped them (``seconds``, ``cost``,
+    ``tokens``): one grouped query over the run budgets still kept."""
+    return dict(
+        RunBudget.objects.exclude(exhausted_by="")
+        .values_list("exhausted_by")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
 
 
 def read_waits(now: Any = None) -> dict[str, WaitHistogram]:
@@ -192,6 +209,23 @@ class PoolsCollector:
             "Entries that ended without running, by reason.",
             labels=["pool", "reason"],
         )
+        spend = {
+            "cap": core.GaugeMetricFamily(
+                "pools_spend_cap_slot_seconds",
+                "Daily spend cap in slot-seconds per UTC day (pools with a cap only).",
+                labels=["pool"],
+            ),
+            "spent": core.GaugeMetricFamily(
+                "pools_spent_today_slot_seconds",
+                "Slot-seconds spent on the current UTC day (pools with a cap only).",
+                labels=["pool"],
+            ),
+        }
+        budget_stops = core.CounterMetricFamily(
+            "pools_budget_stops",
+            "Runs stopped because they spent a budget, by budget (seconds, cost, tokens).",
+            labels=["budget"],
+        )
         waits = core.GaugeHistogramMetricFamily(
             "pools_wait_seconds",
             "Wait from joining the line to admission, of entries that joined it in the "
@@ -207,6 +241,9 @@ class PoolsCollector:
             losses.add_metric([m.pool], m.lease_losses)
             for reason, n in sorted(m.refusals.items()):
                 refusals.add_metric([m.pool, reason], n)
+            if m.spend_cap is not None:
+                spend["cap"].add_metric([m.pool], m.spend_cap)
+                spend["spent"].add_metric([m.pool], m.spent_today)
             if m.waits is not None:
                 waits.add_metric(
                     [m.pool],
@@ -218,6 +255,10 @@ class PoolsCollector:
         yield losses
         yield refusals
         yield waits
+        yield from spend.values()
+        for budget, n in sorted(read_budget_stops().items()):
+            budget_stops.add_metric([budget], n)
+        yield budget_stops
 
 
 def _le(bound: float) -> str:

@@ -153,6 +153,13 @@ class PoolSnapshotSerializer(serializers.Serializer[Any]):
         help_text="Strategy priority: one priority level gained per this many seconds waited "
         "(null: no aging).",
     )
+    spend_cap = serializers.FloatField(
+        allow_null=True,
+        help_text="Daily spend cap in slot-seconds per UTC day (null: no cap).",
+    )
+    spent_today = serializers.FloatField(
+        help_text="Slot-seconds spent on the current UTC day (0 without a cap)."
+    )
     retiring = serializers.BooleanField(
         help_text="Removed from settings while it held or queued work: deleted once empty."
     )
@@ -287,6 +294,11 @@ class PoolInputSerializer(serializers.Serializer[Any]):
         required=False,
         help_text="Strategy priority only: one priority level per this many seconds waited.",
     )
+    spend_cap = serializers.FloatField(
+        allow_null=True,
+        required=False,
+        help_text="Daily spend cap in slot-seconds per UTC day (null: no cap).",
+    )
 
     def validate_name(self, value: str) -> str:
         """Valid name, not taken (on create), unchanged (on update)."""
@@ -312,4 +324,9 @@ class PoolInputSerializer(serializers.Serializer[Any]):
     def validate_aging_seconds(self, value: int | None) -> int | None:
         """A positive integer or null (no aging)."""
         checked: int | None = _field_check("aging_seconds", value)
+        return checked
+
+    def validate_spend_cap(self, value: float | None) -> float | None:
+        """A positive number of slot-seconds or null (no cap)."""
+        checked: float | None = _field_check("spend_cap", value)
         return checked

@@ -64,6 +64,11 @@ COMMON = {
     403: _error("Not authenticated (session), missing permission, or CSRF check failed."),
     503: _error("Pool state is unavailable.", s.UnavailableSerializer),
 }
+#: The answers of an endpoint that reads a request body.
+WITH_BODY = {
+    **COMMON,
+    415: _error("Unsupported media type: send the body as JSON (application/json)."),
+}
 
 
 class PoolsAPIView(APIView):
@@ -119,7 +124,7 @@ class PoolListView(PoolsAPIView):
         responses={
             201: s.PoolSnapshotSerializer,
             400: _error("Invalid fields (same rules as settings).", s.ValidationErrorSerializer),
-            **COMMON,
+            **WITH_BODY,
         },
     )
     def post(self, request: Request) -> Response:
@@ -153,7 +158,7 @@ class PoolDetailView(PoolsAPIView):
             200: s.PoolSnapshotSerializer,
             400: _error("Invalid fields (same rules as settings).", s.ValidationErrorSerializer),
             404: _error("Unknown pool."),
-            **COMMON,
+            **WITH_BODY,
         },
     )
     def patch(self, request: Request, name: str) -> Response:
@@ -337,7 +342,7 @@ class CancelView(PoolsAPIView):
                 "The pool refuses: the entry is already running (without terminate) or "
                 "finished (not_cancellable)."
             ),
-            **COMMON,
+            **WITH_BODY,
         },
     )
     def post(self, request: Request, name: str, key: str) -> Response:
@@ -380,7 +385,7 @@ class JobStartView(PoolsAPIView):
                 "A pool refuses the task (pool_full, pool_draining, unknown_pool, "
                 "demand_exceeds_capacity, message_too_large, ...)."
             ),
-            **COMMON,
+            **WITH_BODY,
         },
     )
     def post(self, request: Request, name: str) -> Response:

@@ -26,7 +26,7 @@ from typing import Any
 from django.db.models import Case, CharField, Count, F, OuterRef, Q, QuerySet, Subquery, When
 from django.utils import timezone
 
-from pools.core import explain
+from pools.core import explain, spendcap
 from pools.core.explain import PoolView
 from pools.exceptions import UnknownPool
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
@@ -100,6 +100,9 @@ class PoolSnapshot:
     #: The admission order (:class:`pools.models.Strategy`) and its aging, if any.
     strategy: str = "priority"
     aging_seconds: int | None = None
+    #: Daily spend cap in slot-seconds (``None``: no cap) and the spend of today (UTC).
+    spend_cap: float | None = None
+    spent_today: float = 0.0
     #: Removed from settings while it held or queued work: deleted once empty.
     retiring: bool = False
     #: Unfinished entries per demand state (``waiting``, ``admitted``, ``running``, ...).
@@ -348,6 +351,8 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
                 paused_policy=p.paused_policy,
                 strategy=p.strategy,
                 aging_seconds=p.aging_seconds,
+                spend_cap=p.spend_cap,
+                spent_today=spendcap.spent(p) if p.spend_cap is not None else 0.0,
                 retiring=p.retiring,
                 held=view.held,
                 waiting=counts[p.pk]["waiting"],

@@ -17,7 +17,7 @@ from django.utils import timezone
 from pools import conf
 from pools.core import admission, definitions, dispatch
 from pools.core.locking import locked_pools
-from pools.models import TERMINAL_STATES, Demand, Pool, PoolEvent, QueueEntry
+from pools.models import TERMINAL_STATES, Demand, Pool, PoolEvent, QueueEntry, RunBudget
 
 logger = logging.getLogger("pools.core.sweeps")
 
@@ -144,7 +144,8 @@ def wake_at_next_lapse(now: datetime) -> datetime | None:
 
 
 def prune(now: datetime) -> int:
-    """Delete finished entries and events older than ``RETENTION_SECONDS``."""
+    """Delete finished entries and events older than ``RETENTION_SECONDS``, and the
+    budgets (with their charges) of runs opened before then that have no unfinished entry."""
     cutoff = now - timedelta(seconds=conf.get().RETENTION_SECONDS)
     old = QueueEntry.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=cutoff)
     ids = list(old.values_list("queue_id", flat=True)[:BATCH])
@@ -152,4 +153,19 @@ def prune(now: datetime) -> int:
     if ids:
         deleted = QueueEntry.objects.filter(pk__in=ids).delete()[1].get("pools.QueueEntry", 0)
     PoolEvent.objects.filter(at__lt=cutoff).delete()
+    _prune_run_budgets(cutoff)
     return deleted
+
+
+def _prune_run_budgets(cutoff: datetime) -> None:
+    """Budgets of old runs with nothing left to run (a run's id is its entries' ``root_id``,
+    or the key of a first task stored without one)."""
+    unfinished = QueueEntry.objects.exclude(state__in=TERMINAL_STATES)
+    old = (
+        RunBudget.objects.filter(created_at__lt=cutoff)
+        .exclude(root_id__in=unfinished.filter(root_id__gt="").values("root_id"))
+        .exclude(root_id__in=unfinished.filter(root_id="").values("key"))
+    )
+    ids = list(old.values_list("pk", flat=True)[:BATCH])
+    if ids:
+        RunBudget.objects.filter(pk__in=ids).delete()

@@ -268,6 +268,13 @@ def test_patch_pool__changes_capacity_and_admits(recorder: RecordingBridge) -> N
     assert status == 200 and (body["strategy"], body["aging_seconds"]) == ("priority", 30)
     status, body = error(client.patch(url("pools/p/"), {"strategy": "random"}, format="json"))
     assert status == 400 and "strategy" in body
+    status, body = error(client.patch(url("pools/p/"), {"spend_cap": 3600}, format="json"))
+    assert status == 200 and (body["spend_cap"], body["spent_today"]) == (3600.0, 0.0)
+    status, body = error(client.patch(url("pools/p/"), {"spend_cap": -5}, format="json"))
+    assert status == 400 and "slot-seconds" in str(body["spend_cap"]), body
+    assert Pool.objects.get(name="p").spend_cap == 3600.0  # the refused change lost nothing
+    status, body = error(client.patch(url("pools/p/"), {"spend_cap": None}, format="json"))
+    assert status == 200 and body["spend_cap"] is None
 
 
 def test_delete_pool__refused_while_in_use_or_defined_in_settings(

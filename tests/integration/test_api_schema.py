@@ -45,7 +45,7 @@ def doc_answers() -> set[tuple[str, str, str]]:
 def test_schema__lists_every_error_answer_with_a_body() -> None:
     paths = SchemaGenerator().get_schema(request=None, public=True)["paths"]
     cancel = paths[f"{PREFIX}pools/{{name}}/queue/{{key}}/cancel"]["post"]["responses"]
-    assert set(cancel) == {"200", "400", "401", "403", "404", "409", "503"}
+    assert set(cancel) == {"200", "400", "401", "403", "404", "409", "415", "503"}
     for code in ("404", "409", "503"):
         assert "application/json" in cancel[code]["content"], code
     start = paths[f"{PREFIX}jobs/{{name}}/start"]["post"]["responses"]

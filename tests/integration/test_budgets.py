@@ -245,3 +245,28 @@ def test_charge__bad_amounts_are_refused(
     with pytest.raises(PoolConfigurationError, match=match):
         budgets.charge(*held("root"), **kwargs)
     assert RunBudget.objects.get(root_id="root").cost == 0
+
+
+def test_prune__drops_old_budgets_of_finished_runs_only(recorder: RecordingBridge) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from pools.core import sweeps
+
+    make_pool("p", 1)
+    send("done", budget={"cost": 5})  # admitted, then finished
+    budgets.charge(*held("done"), cost=1)
+    admission.settle(*held("done"), "succeeded")
+    send("busy", budget={"cost": 5})  # admitted: it holds the one slot
+    send("busy-child", root="busy", parent="busy")  # waits: the run is unfinished
+    old = timezone.now() - timedelta(days=30)
+    RunBudget.objects.update(created_at=old)
+    sweeps.prune(timezone.now())
+    assert set(RunBudget.objects.values_list("root_id", flat=True)) == {"busy"}
+    assert not Charge.objects.filter(run__root_id="done").exists()
+    # A young budget stays, finished or not.
+    send("fresh", budget={"cost": 5})
+    admission.cancel("fresh")
+    sweeps.prune(timezone.now())
+    assert set(RunBudget.objects.values_list("root_id", flat=True)) == {"busy", "fresh"}

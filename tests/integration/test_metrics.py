@@ -10,7 +10,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from pools import metrics
-from pools.core import admission, definitions
+from pools.core import admission, budgets, definitions
 from pools.models import QueueEntry
 from tests.bridge import RecordingBridge
 from tests.conftest import IN_CI
@@ -72,6 +72,42 @@ def test_view__serves_the_exposition_to_users_allowed_to_view_pools(
     nobody = Client()
     nobody.login(username="nobody", password="pw")
     assert nobody.get("/metrics/").status_code == 403
+
+
+def _budget_and_spend_scenario() -> None:
+    """A run stopped by its cost budget; a pool with a spend cap that settled one attempt."""
+    from tests.integration.test_budgets import held, send
+
+    make_pool("p", 1)
+    send("root", budget={"cost": 5})
+    budgets.charge(*held("root"), cost=6)  # spends the budget: the run stops
+    make_pool("c", 1, spend_cap=100.0)
+    first = submit("c", 1, key="c1")
+    entry = QueueEntry.objects.get(pk=first.entry_id)
+    admission.settle(entry.queue_id, entry.token, "succeeded")
+
+
+def test_read__budget_stops_and_spend_caps(recorder: RecordingBridge) -> None:
+    _budget_and_spend_scenario()
+    assert metrics.read_budget_stops() == {"cost": 1}
+    by_pool = {m.pool: m for m in metrics.read()}
+    assert by_pool["c"].spend_cap == 100.0
+    assert 0 < by_pool["c"].spent_today < 100.0  # one slot for the attempt's few ms
+    assert by_pool["p"].spend_cap is None and by_pool["p"].spent_today == 0.0
+
+
+@override_settings(ROOT_URLCONF="tests.integration.test_metrics")
+def test_view__budget_stops_and_spend_caps(admin_client: Client, recorder: RecordingBridge) -> None:
+    if not HAVE_CLIENT:
+        if IN_CI:
+            pytest.fail("prometheus_client is not installed (the 'metrics' extra)")
+        pytest.skip("prometheus_client is not installed (the 'metrics' extra)")
+    _budget_and_spend_scenario()
+    text = admin_client.get("/metrics/").content.decode()
+    assert 'pools_budget_stops_total{budget="cost"} 1.0' in text
+    assert 'pools_spend_cap_slot_seconds{pool="c"} 100.0' in text
+    assert 'pools_spent_today_slot_seconds{pool="c"}' in text
+    assert 'pools_spend_cap_slot_seconds{pool="p"}' not in text  # no cap, no series
 
 
 from django.urls import include, path  # noqa: E402  # the URLconf of the view test
