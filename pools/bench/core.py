@@ -4,6 +4,7 @@ Run against a scratch PostgreSQL database (tables created by ``migrate``)::
 
     POOLS_TEST_DB=postgres POOLS_PG_NAME=pools_bench DJANGO_SETTINGS_MODULE=tests.settings \\
         python -m pools.bench.core [--procs 1,4,16] [--cycles 2000] [--reps 3]
+            [--strategy priority|fifo|lifo|fair] [--depths 0,10000,100000]
 
 ``N`` processes (``--procs``) each run ``--cycles / N`` times *enqueue -> start -> settle*
 on one pool of ``N`` slots, through the public service functions (``admission.enqueue``,
@@ -19,6 +20,11 @@ bound of the time the pool's row lock was held per admission, which is at most t
 one call — WAL bytes per task (of this database only when the ``pg_walinspect``
 extension is installed in it, see :func:`pools.bench.backlog.wal_bytes_since`) and CPU ms
 per task of the client processes and of their PostgreSQL backends (``/proc``). The pool and its entries are deleted at the end.
+
+``--strategy`` gives the pool a strategy (the timed tasks of a ``fair`` pool cycle over
+100 fairness keys). ``--depths`` runs everything again with that many entries already
+waiting in the pool's line, placed behind every round and priority the run reaches (as
+W3 does for the whole stack): the admission cost should not grow with the line.
 """
 
 from __future__ import annotations
@@ -77,6 +83,12 @@ def _backend_pid() -> int:
         return int(cursor.fetchone()[0])
 
 
+#: Fairness keys the timed tasks of a ``fair`` pool cycle over.
+KEYS = 100
+#: The place of the waiting filler entries (``--depths``): behind every timed entry.
+FILLER_ROUND = 2**60
+
+
 def _worker(cycles: int, own: bool, barrier: Any, out: Any) -> None:
     """One process: ``cycles`` enqueues, and start + settle of whatever it admitted."""
     import django
@@ -100,10 +112,16 @@ def _worker(cycles: int, own: bool, barrier: Any, out: Any) -> None:
     worker = f"w7-{os.getpid()}"
     with override_settings(POOLS={"PUBLISHER": "pools.bench.core.bridge"}):
         barrier.wait()
-        for _ in range(cycles):
+        for i in range(cycles):
             t0 = time.perf_counter()
             admission.enqueue(
-                Submission(key=str(uuid.uuid4()), task_name="w7.noop", spec=spec, args=[])
+                Submission(
+                    key=str(uuid.uuid4()),
+                    task_name="w7.noop",
+                    spec=spec,
+                    args=[],
+                    fairness_key=f"t{(os.getpid() + i) % KEYS}",
+                )
             )
             lock_calls.append(time.perf_counter() - t0)
             while core._admitted:
@@ -138,14 +156,50 @@ def _reset() -> None:
         cursor.execute("CHECKPOINT")
 
 
-def run_once(procs: int, cycles: int, own: bool = True) -> dict[str, Any]:
+def _fill(depth: int, procs: int) -> None:
+    """``depth`` entries waiting in the (paused) pool's line, behind every timed entry.
+
+    Each asks for one slot more than the pool will have (``procs``), so one that heads the
+    line (no timed entry waits) is never admitted: it waits for its slots, as any head
+    does, on the fast path, and a timed entry placed before it goes first.
+    """
+    from django.db import connection
+
+    from pools.bench import backlog
+    from pools.core import admission
+    from pools.core.records import Submission
+    from pools.models import EntryState, Pool
+    from pools.specs import PoolSpec
+
+    spec = PoolSpec.build(POOL, procs + 1)
+    first = Submission(key=str(uuid.uuid4()), task_name="w7.filler", spec=spec)
+    admission.enqueue(first)
+    backlog.copy_entries(first.key, range(depth - 1), lambda j: [])
+    pool = Pool.objects.get(name=POOL)
+    key = "'bulk-' || (entry_id %% 100)" if pool.strategy == "fair" else "NULL"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE pools_demand SET line_round = %s, fairness_key = {key} "
+            "WHERE pool_id = %s AND state = %s",
+            [FILLER_ROUND, pool.pk, EntryState.WAITING.value],
+        )
+        cursor.execute("VACUUM ANALYZE pools_demand")
+        cursor.execute("VACUUM ANALYZE pools_queueentry")
+
+
+def run_once(
+    procs: int, cycles: int, own: bool = True, *, strategy: str = "priority", depth: int = 0
+) -> dict[str, Any]:
     """One repetition with ``procs`` processes and ``cycles`` tasks in all."""
     from django.db import connections
 
     from pools.models import EntryState, Pool, QueueEntry
 
     _reset()
-    Pool.objects.create(name=POOL, slots=procs)
+    Pool.objects.create(name=POOL, slots=procs + 1, strategy=strategy, paused=True)
+    if depth:
+        _fill(depth, procs)
+    Pool.objects.filter(name=POOL).update(slots=procs, paused=False)
     connections.close_all()  # the children open their own
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(procs + 1)
@@ -169,10 +223,15 @@ def run_once(procs: int, cycles: int, own: bool = True) -> dict[str, Any]:
     done = QueueEntry.objects.filter(demand__has_key=POOL, state=EntryState.SUCCEEDED).count()
     if done != total:
         raise RuntimeError(f"W7: {done} of {total} entries succeeded")
+    waiting = QueueEntry.objects.filter(demand__has_key=POOL, state=EntryState.WAITING).count()
+    if waiting != depth:
+        raise RuntimeError(f"W7: {waiting} entries wait at the end, not the {depth} filled in")
     calls = sorted(c for r in results for c in r["lock_calls"])
     hz = os.sysconf("SC_CLK_TCK")
     return {
         "procs": procs,
+        "strategy": strategy,
+        "depth": depth,
         "connection": "own" if own else "django",
         "tasks": total,
         "seconds": round(elapsed, 3),
@@ -201,25 +260,42 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="own",
         help="pools' own prepared connection (as in workers) or Django's (default: own)",
     )
+    parser.add_argument("--strategy", choices=["priority", "fifo", "lifo", "fair"])
+    parser.add_argument("--depths", default="0", help="entries already waiting, e.g. 0,100000")
     opts = parser.parse_args(argv)
     import django
 
     django.setup()
-    report: dict[str, Any] = {"cycles": opts.cycles, "reps": opts.reps, "by_procs": {}}
+    strategy = opts.strategy or "priority"
+    report: dict[str, Any] = {
+        "cycles": opts.cycles,
+        "reps": opts.reps,
+        "strategy": strategy,
+        "by_procs": {},
+    }
     try:
-        for procs in [int(p) for p in opts.procs.split(",")]:
-            runs = [
-                run_once(procs, opts.cycles, opts.connection == "own") for _ in range(opts.reps)
-            ]
-            rates = [r["admissions_per_s"] for r in runs]
-            mid = sorted(runs, key=lambda r: r["admissions_per_s"])[len(runs) // 2]
-            report["by_procs"][procs] = {
-                **mid,
-                "admissions_per_s_min": min(rates),
-                "admissions_per_s_max": max(rates),
-                "admissions_per_s_median": statistics.median(rates),
-            }
-            print(json.dumps({procs: report["by_procs"][procs]}), flush=True)
+        for depth in [int(d) for d in opts.depths.split(",")]:
+            for procs in [int(p) for p in opts.procs.split(",")]:
+                runs = [
+                    run_once(
+                        procs,
+                        opts.cycles,
+                        opts.connection == "own",
+                        strategy=strategy,
+                        depth=depth,
+                    )
+                    for _ in range(opts.reps)
+                ]
+                rates = [r["admissions_per_s"] for r in runs]
+                mid = sorted(runs, key=lambda r: r["admissions_per_s"])[len(runs) // 2]
+                label = f"{procs}" if depth == 0 else f"{procs}@{depth}"
+                report["by_procs"][label] = {
+                    **mid,
+                    "admissions_per_s_min": min(rates),
+                    "admissions_per_s_max": max(rates),
+                    "admissions_per_s_median": statistics.median(rates),
+                }
+                print(json.dumps({label: report["by_procs"][label]}), flush=True)
     finally:
         _reset()
     print(json.dumps(report, indent=2))

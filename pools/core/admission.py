@@ -977,15 +977,6 @@ def settle(
     return bool(changed)
 
 
-def _add_spend_after_settle(entry_id: int, names: set[str]) -> None:
-    """Fast path: add a settled attempt's slot-seconds to those of ``names`` that are capped."""
-    with locked_pools(names) as pools:
-        if not any(p.spend_cap is not None for p in pools.values()):
-            return
-        entry = QueueEntry.objects.only("demand", "admitted_at", "finished_at").get(pk=entry_id)
-        spendcap.add_spend(pools, entry, entry.finished_at or timezone.now())
-
-
 def _forbid_waiters(job: str, locked: Iterable[str]) -> set[str]:
     """Pools (beyond ``locked``) of ``forbid`` instances of ``job`` that wait: an instance
     of the job just finished, so they may be eligible now. Empty without a job."""
@@ -1022,28 +1013,31 @@ def _settle_in_one_call(
     if settled is None:
         return False
     _on_commit(reply)
-    # Capped pools are 'fallback' pools of the function: add the attempt's spend before
-    # the Python pass over them decides.
-    spend_pools = reply.fallbacks & set(settled.demand or {})
-    if spend_pools:
-        _add_spend_after_settle(entry_id, spend_pools)
     job = (settled.detail or {}).get("job", "")
     # As settle() on the ORM path: one pass over the pools the function left to Python
     # (the pass settle() runs under its locks), then one follow-up over the pools that
     # pass needs and those of waiting 'forbid' instances of the job. Merging the two
     # would run the first pass with more pools locked (a due multi-pool entry could then
     # join a line that the ORM path's first pass admits from without it).
-    needs = _pass_over(reply.fallbacks)
+    needs = _pass_over(reply.fallbacks, settled=entry_id)
     _follow_up(needs | _forbid_waiters(job, settled.demand or {}))
     return True
 
 
-def _pass_over(names: set[str]) -> set[str]:
+def _pass_over(names: set[str], *, settled: int) -> set[str]:
     """One admission pass over ``names`` in its own transaction; returns the pools a
-    follow-up pass must cover (what :func:`_admit_in` returns)."""
+    follow-up pass must cover (what :func:`_admit_in` returns).
+
+    Pools with a spend cap are among ``names`` (the function leaves them to Python): the
+    attempt just settled (entry ``settled``) adds its slot-seconds to them first, under
+    the same locks, so the pass decides with the day's spend.
+    """
     if not names:
         return set()
     with locked_pools(names) as pools:
+        if any(p.spend_cap is not None for p in pools.values()):
+            entry = QueueEntry.objects.only("demand", "admitted_at", "finished_at").get(pk=settled)
+            spendcap.add_spend(pools, entry, entry.finished_at or timezone.now())
         return _admit_in(pools, timezone.now())
 
 

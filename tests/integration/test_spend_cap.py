@@ -123,3 +123,15 @@ def test_spend_cap__from_settings() -> None:
     definitions.update_pool("q", spend_cap=7200)
     pool.refresh_from_db()
     assert pool.spend_cap == 7200
+
+
+def test_spend_cap__a_paused_pool_still_counts_what_its_holders_spend(
+    recorder: RecordingBridge, admission_path: str
+) -> None:
+    """Pausing stops admission, not accounting: a settle in a paused capped pool adds its
+    slot-seconds (on the fast path the function hands capped pools to Python, paused or not)."""
+    make_pool("p", 2, spend_cap=100)
+    submit("p", 2, key="a")
+    definitions.set_paused("p", True)
+    assert admission.settle(*held_for("a", 5), EntryState.SUCCEEDED)
+    assert Pool.objects.get(name="p").spent_today == pytest.approx(10, abs=1)

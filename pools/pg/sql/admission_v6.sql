@@ -91,6 +91,13 @@ BEGIN
                     p.pending_slots, p.strategy, p.fair_round, p.spend_cap
                FROM pools_pool p
              WHERE p.id = ANY(p_pools) ORDER BY p.name LOOP
+        IF r.spend_cap IS NOT NULL THEN
+            -- A daily spend cap (pools_pool.spend_cap, migration 0016), paused or not: the
+            -- Python pass adds a settled attempt's slot-seconds, then decides with the
+            -- day's spend (pools/core/spendcap.py).
+            RETURN QUERY SELECT * FROM pools_out_v6('fallback', pool => r.name::text);
+            CONTINUE;
+        END IF;
         v_next := r.next_due_at;
         -- Due delayed entries join the line as if sent at their due time. Pools whose
         -- next_due_at has not passed have none: no query for them.
@@ -126,9 +133,7 @@ BEGIN
             RETURN QUERY SELECT * FROM pools_out_v6('wake', pool => r.name::text, at => v_next);
         END IF;
         CONTINUE WHEN r.paused;
-        IF r.pending_slots IS NOT NULL OR r.spend_cap IS NOT NULL THEN
-            -- A daily spend cap (pools_pool.spend_cap, migration 0016): the Python pass
-            -- counts the day's spend and decides (pools/core/spendcap.py).
+        IF r.pending_slots IS NOT NULL THEN
             -- Draining after a capacity change: the Python pass decides (and ends the drain).
             RETURN QUERY SELECT * FROM pools_out_v6('fallback', pool => r.name::text);
             CONTINUE;
