@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import Task
 from celery.utils import uuid
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from pools.bench.progress import Progress
@@ -185,13 +185,21 @@ def wal_bytes_since(position: str | None) -> float | None:
 
     With the ``pg_walinspect`` extension in the database (PostgreSQL 15+), only the WAL
     of this database's work counts: other databases of the same server (a shared machine's
-    test runs) write WAL too. Without it, everything every session wrote.
+    test runs) write WAL too. Without it, everything every session wrote. ``None`` when
+    the server has already recycled the WAL since ``position`` (a busy server: raise
+    ``wal_keep_size`` to measure it).
     """
     if position is None:
         return None
     if scalar("SELECT count(*) FROM pg_extension WHERE extname = 'pg_walinspect'"):
         dboid = scalar("SELECT oid FROM pg_database WHERE datname = current_database()")
-        return float(scalar(_OWN_WAL, {"rel": f"%/{dboid}/%", "start": position}))
+        try:
+            with transaction.atomic():
+                return float(scalar(_OWN_WAL, {"rel": f"%/{dboid}/%", "start": position}))
+        except OperationalError as exc:
+            if "has already been removed" not in str(exc):
+                raise
+            return None
     return float(scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [position]))
 
 
