@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from pools.bench.progress import Progress
 from pools.celery import messages
-from pools.core import admission
-from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from pools.core import admission, strategies
+from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry, Strategy
 
 #: Every pool the benchmark creates starts with this; it deletes them (and their rows) after.
 PREFIX = "bench-"
@@ -243,6 +243,7 @@ def _copy_orm(
     options: list[dict[str, Any]],
 ) -> None:
     demands = list(Demand.objects.filter(entry=template).values("pool_id", "slots"))
+    pools = {p.pk: p for p in Pool.objects.filter(pk__in=[d["pool_id"] for d in demands])}
     logged = PoolEvent.objects.filter(entry_id=template.queue_id, kind=EventKind.ENQUEUED)
     events = list(logged.values("pool", "token", "detail"))
     now = timezone.now()
@@ -265,22 +266,54 @@ def _copy_orm(
     ]
     with transaction.atomic():
         QueueEntry.objects.bulk_create(entries)
-        Demand.objects.bulk_create(
-            Demand(
-                entry_id=e.queue_id,
-                pool_id=d["pool_id"],
-                slots=d["slots"],
-                priority=e.priority,
-                enqueued_at=now,
-            )
-            for e in entries
-            for d in demands
-        )
+        rows = []
+        for e in entries:
+            for d in demands:
+                line_round, line_at, key = strategies.place(
+                    pools[d["pool_id"]], priority=e.priority, at=now, key=""
+                )
+                rows.append(
+                    Demand(
+                        entry_id=e.queue_id,
+                        pool_id=d["pool_id"],
+                        slots=d["slots"],
+                        priority=e.priority,
+                        enqueued_at=now,
+                        line_round=line_round,
+                        line_at=line_at,
+                        fairness_key=key,
+                    )
+                )
+        Demand.objects.bulk_create(rows)
         PoolEvent.objects.bulk_create(
             PoolEvent(at=now, kind=EventKind.ENQUEUED, entry_id=e.queue_id, key=e.key, **ev)
             for e in entries
             for ev in events
         )
+
+
+def _places_sql(template: QueueEntry) -> tuple[str, str]:
+    """SQL for a copy's ``(line_round, line_at)`` in each of the template's pools, as
+    :func:`pools.core.strategies.place` gives them (``new`` is the copy, ``d`` the
+    template's demand row). A ``fair`` pool keeps the template's round: the copies share it.
+    """
+    rounds, ats = [], []
+    for pool in Pool.objects.filter(name__in=list(template.demand)):
+        aging = strategies.aging_of(pool)
+        if pool.strategy == Strategy.PRIORITY and aging:
+            rounds.append(f"WHEN {pool.pk} THEN 0")
+            ats.append(
+                f"WHEN {pool.pk} THEN %(now)s - make_interval(secs => new.priority * {aging})"
+            )
+        elif pool.strategy == Strategy.PRIORITY:
+            rounds.append(f"WHEN {pool.pk} THEN -new.priority")
+        elif pool.strategy == Strategy.FIFO:
+            rounds.append(f"WHEN {pool.pk} THEN 0")
+        elif pool.strategy == Strategy.LIFO:
+            rounds.append(f"WHEN {pool.pk} THEN -%(micros)s")
+    round_sql = f"CASE d.pool_id {' '.join(rounds)} ELSE d.line_round END" if rounds else ""
+    at_sql = f"CASE d.pool_id {' '.join(ats)} ELSE %(now)s END" if ats else "%(now)s"
+    return round_sql or "d.line_round", at_sql
 
 
 def _columns(model: Any, overrides: dict[str, str], alias: str) -> tuple[str, str]:
@@ -317,6 +350,7 @@ def _copy_sql(
         },
         "t",
     )
+    line_round, line_at = _places_sql(template)
     demand_cols, demand_select = _columns(
         Demand,
         {
@@ -324,6 +358,8 @@ def _copy_sql(
             "priority": "new.priority",
             "state": "%(waiting)s",
             "enqueued_at": "%(now)s",
+            "line_round": line_round,
+            "line_at": line_at,
         },
         "d",
     )
@@ -355,13 +391,15 @@ def _copy_sql(
         SELECT (SELECT count(*) FROM new), (SELECT count(*) FROM dem), (SELECT count(*) FROM ev)
     """
     encoder = QueueEntry._meta.get_field("args").encoder
+    now = timezone.now()
     params: dict[str, Any] = {
         "keys": keys,
         "args": [json.dumps(a, cls=encoder) for a in args],
         "options": [json.dumps(o, cls=encoder) for o in options],
         "priorities": priorities,
         "waiting": EntryState.WAITING.value,
-        "now": timezone.now(),
+        "now": now,
+        "micros": strategies.micros(now),
         "template": template.queue_id,
         "enqueued": EventKind.ENQUEUED.value,
     }
