@@ -116,12 +116,15 @@ class Windows:
                     )
         if not rows:
             return
+        # An upsert: the slot's row is overwritten (MariaDB/MySQL name no conflict target).
         target = (
-            {"unique_fields": ["pool", "rate_index", "slot"]}
+            ["pool", "rate_index", "slot"]
             if connection.features.supports_update_conflicts_with_target
-            else {}
+            else None
         )
-        RateMark.objects.bulk_create(rows, update_conflicts=True, update_fields=["at"], **target)
+        RateMark.objects.bulk_create(
+            rows, update_conflicts=True, update_fields=["at"], unique_fields=target
+        )
 
 
 def reset(pool: Pool) -> None:

@@ -8,13 +8,14 @@ database's clock), as ``test_spend_cap`` moves ``admitted_at``; one test waits f
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db.models import F
 from django.utils import timezone
 
-from pools.core import admission, definitions, explain, rates, windows
+from pools.core import admission, definitions, explain, rates
 from pools.core.records import Submission
 from pools.models import EntryState, Pool, QueueEntry, RateMark
 from pools.specs import PoolSpec
@@ -155,10 +156,7 @@ def test_rates__wake_up_when_the_window_opens(recorder: RecordingBridge) -> None
     place = explain.explain_key("b").places[0]
     assert place.blocked_by == "rate_limited"
     assert place.eta is not None and abs((place.eta - waking[-1]).total_seconds()) < 1
-    assert (
-        abs((timezone.datetime.fromisoformat(place.detail["until"]) - waking[-1]).total_seconds())
-        < 1
-    )
+    assert abs((datetime.fromisoformat(place.detail["until"]) - waking[-1]).total_seconds()) < 1
 
 
 def test_rates__a_real_window_opens_on_time(recorder: RecordingBridge, admission_path: str) -> None:
@@ -240,7 +238,7 @@ def test_rates__changing_the_rates_resets_the_windows(recorder: RecordingBridge)
     assert state("c") == EntryState.ADMITTED
 
 
-def test_rates__rate_only_pool_from_settings(recorder: RecordingBridge, settings) -> None:  # type: ignore[no-untyped-def]
+def test_rates__rate_only_pool_from_settings(recorder: RecordingBridge, settings: Any) -> None:
     settings.POOLS = {
         **settings.POOLS,
         "DEFINITIONS": {
@@ -268,7 +266,7 @@ def test_rates__rate_only_pool_from_settings(recorder: RecordingBridge, settings
 
 def test_rates__per_key_pools_take_their_template_rate(
     recorder: RecordingBridge,
-    settings,  # type: ignore[no-untyped-def]
+    settings: Any,
 ) -> None:
     settings.POOLS = {**settings.POOLS, "TEMPLATES": {"tenant:{tenant_id}": {"rate": "2/m"}}}
     pool = definitions.ensure_pool("tenant:7", "tenant:{tenant_id}")
