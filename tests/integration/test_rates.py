@@ -303,3 +303,40 @@ def test_rates__task_rate_lives_on_the_task_pool_with_max_running(
         admission.enqueue(Submission(key=key, task_name="tests.rated", spec=spec))
     assert admitted("a", "b", "c") == ["a"]  # 1/s binds
     assert explain.explain_key("b").blocked_by == "rate_limited"
+
+
+@pytest.mark.postgres
+def test_rates__concurrent_submits_never_exceed_the_window(
+    recorder: RecordingBridge, admission_path: str
+) -> None:
+    """Six threads (six connections) submit 30 entries at once: exactly 7 start."""
+    import threading
+
+    from django.db import connection
+
+    make_pool("p", rates.UNLIMITED_SLOTS, rate="7/m")
+    barrier = threading.Barrier(6)
+    errors: list[BaseException] = []
+
+    def burst(n: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(5):
+                submit("p", key=f"t{n}-{i}")
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=burst, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert QueueEntry.objects.filter(state=EntryState.ADMITTED).count() == 7
+    assert QueueEntry.objects.filter(state=EntryState.WAITING).count() == 23
+    assert Pool.objects.get(name="p").admissions == 7
+    assert RateMark.objects.filter(pool__name="p").count() == 7
+    age("p", 60)
+    assert len(admission.admit(["p"])) == 7
