@@ -212,6 +212,8 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             if pool.paused or free[pid] <= 0 or pool.name in capped:
                 continue
             limit = min(free[pid] + (CAP_PASS if pid in passes else 0), LINE_BATCH)
+            if pool.name in rated.rates:  # no more rows than its rates can admit now
+                limit = min(limit, rated.room(pool.name))
             query = Demand.objects.line(pid).select_related("entry")
             if done or passed:  # rows handled earlier in this pass are not written back yet
                 query = query.exclude(entry_id__in=done | passed)
