@@ -340,3 +340,22 @@ def test_rates__concurrent_submits_never_exceed_the_window(
     assert RateMark.objects.filter(pool__name="p").count() == 7
     age("p", 60)
     assert len(admission.admit(["p"])) == 7
+
+
+def test_rates__calls_held_by_their_task_rate_do_not_block_the_named_pool(
+    recorder: RecordingBridge, admission_path: str
+) -> None:
+    """Gates are ordered (run cap, task pool, named pools): a call waiting for its task's
+    rate is not in the named pool's line yet, so other tasks' calls pass it there."""
+    from pools.celery import caps
+
+    make_pool("wh", 5)
+    spec = PoolSpec.build("wh", rate="1/m").with_task_cap("tests.rated")
+    caps.ensure_caps(spec, again=True)
+    for key in ("r1", "r2"):
+        admission.enqueue(Submission(key=key, task_name="tests.rated", spec=spec))
+    submit("wh", key="other")
+    assert admitted("r1", "r2", "other") == ["r1", "other"]
+    assert explain.explain_key("r2").blocked_by == "rate_limited"
+    age("task-cap:tests.rated", 60)
+    assert [a.key for a in admission.admit(["task-cap:tests.rated", "wh"])] == ["r2"]
