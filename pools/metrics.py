@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.utils import timezone
 
-from pools.core import spendcap
+from pools.core import rates, spendcap
 from pools.exceptions import PoolConfigurationError
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, RunBudget
 
@@ -57,8 +57,8 @@ class PoolMetrics:
     """The numbers of one pool at one scrape."""
 
     pool: str
-    #: Slots in effect.
-    capacity: int
+    #: Slots in effect (``inf`` for a pool limited by a rate only).
+    capacity: float
     held: int
     waiting: int
     paused: bool
@@ -104,7 +104,7 @@ def read() -> list[PoolMetrics]:
     return [
         PoolMetrics(
             pool=p.name,
-            capacity=p.slots,
+            capacity=float("inf") if p.slots >= rates.UNLIMITED_SLOTS else p.slots,
             held=p.held,
             waiting=waiting.get(p.name, 0),
             paused=p.paused,

@@ -19,6 +19,7 @@ from datetime import datetime
 from django.db.models import F, OuterRef, Subquery, Window
 from django.db.models.functions import RowNumber
 
+from pools.core import rates
 from pools.models import Demand, Pool, QueueEntry
 from pools.querysets import held_slots_expr, waiting_count_expr
 
@@ -64,6 +65,18 @@ class PoolRow:
     head: list[HeadEntry]
     #: The capacity a pending change drains to (SPEC §6); None when no change is pending.
     pending_slots: int | None = None
+    #: The pool's rates as stored (``"20/s,100/m"``); empty without a rate.
+    rate: str = ""
+
+    @property
+    def unlimited(self) -> bool:
+        """True for a pool limited by its rate only (no slot limit to draw)."""
+        return self.slots >= rates.UNLIMITED_SLOTS
+
+    @property
+    def rates_shown(self) -> str:
+        """The rates for people: ``20/s, 100/m``."""
+        return ", ".join(part for part in self.rate.split(",") if part)
 
     @property
     def draining(self) -> bool:
@@ -167,17 +180,19 @@ def load(*, head: int = HEAD) -> list[PoolRow]:
             nearest_deadline=p.nearest_deadline,  # type: ignore[attr-defined]
             head=heads.get(p.pk, []),
             pending_slots=p.pending_slots,
+            rate=p.rate,
         )
         for p in pools
     ]
 
 
 def totals(rows: list[PoolRow]) -> dict[str, int]:
-    """Sums over all pools for the card's caption."""
+    """Sums over all pools for the card's caption (slots of pools that have a slot limit)."""
+    limited = [r for r in rows if not r.unlimited]
     return {
         "pools": len(rows),
-        "held": sum(r.held for r in rows),
-        "slots": sum(r.slots for r in rows),
+        "held": sum(r.held for r in limited),
+        "slots": sum(r.slots for r in limited),
         "waiting": sum(r.waiting for r in rows),
         "paused": sum(1 for r in rows if r.paused),
     }

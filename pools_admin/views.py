@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from pools.core import admission, reads
+from pools.core import admission, rates, reads
 from pools.exceptions import EntryNotFound, PoolRefused, PoolUnavailable
 from pools.models import Pool, QueueEntry
 from pools_admin import board, runs, timeline
@@ -201,4 +201,5 @@ def pool_page(request: HttpRequest, model_admin: ModelAdmin[Any], name: str) -> 
         title=f"Pool {pool.name}: occupancy",
         page=page,
         pool=pool,
+        unlimited=pool.slots >= rates.UNLIMITED_SLOTS,
     )

@@ -291,3 +291,25 @@ def test_card__deadline_is_the_nearest_of_waiting_entries(
     row = card_row(html, "p")
     summary = row[: row.index("pools-bar")]
     assert re.search(r"deadline <time[^>]*>in 2 min</time>", summary)
+
+
+def test_card__rate_only_pool_shows_its_rate_not_a_slot_count(
+    admin_client: Client, recorder: RecordingBridge
+) -> None:
+    """A pool with a rate and no slots is stored with UNLIMITED_SLOTS: the card must not
+    print that number, draw a bar of it, or add it to the caption's total."""
+    from pools.core import rates
+
+    make_pool("wh", 2)
+    make_pool("partner", rates.UNLIMITED_SLOTS, rate="20/s,100/m")
+    submit("wh", key="w1")
+    submit("partner", key="p1")
+    html = admin_client.get(INDEX).content.decode()
+    assert str(rates.UNLIMITED_SLOTS) not in html.replace('data-slots="2147483647"', "")
+    row = card_row(html, "partner")
+    assert "running, no slot limit" in row
+    assert "rate 20/s, 100/m" in row
+    assert "pools-bar" not in row
+    assert "1 of 2 slots held" in html  # the caption counts the pool that has slots
+    wh = card_row(html, "wh")
+    assert "/2 held" in wh and "pools-bar" in wh and "rate " not in wh

@@ -145,3 +145,11 @@ def test_read_waits__histogram_of_recent_waits(recorder: RecordingBridge) -> Non
     assert abs(hist.total_seconds - 102.02) < 0.01
     (h,) = [p for p in metrics.read() if p.pool == "h"]
     assert h.waits == hist
+
+
+def test_read__a_rate_only_pool_has_unlimited_capacity(recorder: RecordingBridge) -> None:
+    from pools.core import rates
+
+    make_pool("r", rates.UNLIMITED_SLOTS, rate="20/s")
+    by_pool = {m.pool: m for m in metrics.read()}
+    assert by_pool["r"].capacity == float("inf")
