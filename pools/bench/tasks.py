@@ -30,6 +30,8 @@ MULTI_A, MULTI_B = "bench-multi-a", "bench-multi-b"
 MULTI_AB = f"{MULTI_A}+{MULTI_B}"
 #: W5 kill test: one pool per concurrent repetition.
 KILL_POOLS = [f"bench-kill-{n}" for n in range(5)]
+#: The ``rates`` workload: a pool with a rate (:mod:`pools.bench.rates`).
+RATE_POOL = "bench-rate"
 
 
 def span(i: int, sleep: float, retries: int = 0) -> dict[str, Any]:
@@ -55,6 +57,12 @@ def hold_if_first(hold: float) -> None:
 @shared_task(name="pools.bench.plain")
 def plain(i: int, sleep: float = 0.0) -> dict[str, Any]:
     """The same body, undecorated: plain Celery."""
+    return span(i, sleep)
+
+
+@shared_task(name="pools.bench.celery_rated", rate_limit="20/s")
+def celery_rated(i: int, sleep: float = 0.0) -> dict[str, Any]:
+    """The plain body with Celery's own per-worker ``rate_limit`` (the ``rates`` workload)."""
     return span(i, sleep)
 
 
@@ -89,6 +97,7 @@ POOLED: dict[str, Task] = {
         MULTI_B,
         MULTI_AB,
         *KILL_POOLS,
+        RATE_POOL,
     ]
 }
 

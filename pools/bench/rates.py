@@ -1,0 +1,187 @@
+"""Rate limits (issue 17): the sliding-window checker, and the ``rates`` workload.
+
+The checker (:func:`max_in_window`, :func:`achieved_rate`) is pure counting over start
+times, used both by this workload and by the acceptance test
+``tests/acceptance/test_rates_workers.py``: one place decides what "no window of W seconds
+holds more than N starts" means.
+
+The workload (``manage.py pools bench --workloads rates``) runs on the benchmark's main
+workers (``--workers`` x ``--concurrency``, 2 x 4 by default):
+
+* ``pool``: ``--rate-tasks`` no-op tasks (300) through a rate-only pool of
+  :data:`LIMIT` (``"20/s"``), released at once: the most starts any 1-second window of the
+  bodies' own start times holds, and the achieved rate while backlogged;
+* ``celery``: the same count of plain tasks with Celery's own ``rate_limit="20/s"`` on the
+  same workers. Celery keeps one token bucket per worker *instance* (the consumer in each
+  worker's main process, ``kombu.utils.limits.TokenBucket(limit, capacity=1)``), so the
+  fleet as a whole starts up to ``workers x 20`` per second;
+* ``cost``: the W1 no-op loop (``--tasks``) through the W1 pool with no rate, and again with
+  a rate that never binds (:data:`NEVER_BINDS`): tasks/s and CPU ms per task side by side,
+  what the rate check itself costs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pools.bench.context import Context
+
+#: The rate of the comparison, ours and Celery's.
+LIMIT = "20/s"
+LIMIT_COUNT, LIMIT_SECONDS = 20, 1.0
+#: A rate no run here can reach: the check runs on every admission but never refuses.
+NEVER_BINDS = "100000/s"
+
+
+# --------------------------------------------------------------------------- the checker
+
+
+def max_in_window(times: Iterable[float], window: float) -> tuple[int, float]:
+    """The most ``times`` any half-open window ``[t, t + window)`` holds, and its start ``t``.
+
+    Only windows that start at one of the times need checking: sliding a window's start
+    forward to the first time inside it loses nothing. ``(0, nan)`` when there are none.
+    """
+    ordered = sorted(float(t) for t in times)
+    best, at = 0, math.nan
+    for i, start in enumerate(ordered):
+        inside = bisect.bisect_left(ordered, start + window, lo=i) - i
+        if inside > best:
+            best, at = inside, start
+    return best, at
+
+
+def achieved_rate(times: Iterable[float], window: float) -> float:
+    """Starts per second over the whole windows from the first start.
+
+    ``k = floor((last - first) / window)`` windows fit between the first and the last
+    start; the rate is the starts in ``[first, first + k * window)`` over ``k * window``.
+    Counting whole windows is fair to a limiter that admits in bursts (a sliding window
+    admits ``N`` at once when it opens) as well as to one that spaces its admissions
+    evenly: either gives ``N / window`` when it keeps up. ``nan`` when less than one
+    window separates the first and the last start.
+    """
+    ordered = sorted(float(t) for t in times)
+    if len(ordered) < 2:
+        return math.nan
+    k = math.floor((ordered[-1] - ordered[0]) / window)
+    if k < 1:
+        return math.nan
+    span = k * window
+    inside = bisect.bisect_left(ordered, ordered[0] + span)
+    return inside / span
+
+
+def window_report(times: Sequence[float], count: int, seconds: float) -> dict[str, Any]:
+    """What a run did against the rate ``count / seconds``: most starts in any window, rate."""
+    most, at = max_in_window(times, seconds)
+    rate = achieved_rate(times, seconds)
+    first = min(times) if times else math.nan
+    return {
+        "limit": f"{count}/{seconds:g}s",
+        "starts": len(times),
+        "max_in_window": most,
+        "max_window_at_s": None if math.isnan(at) else round(at - first, 3),
+        "achieved_per_s": None if math.isnan(rate) else round(rate, 2),
+        "achieved_share": None if math.isnan(rate) else round(rate * seconds / count, 3),
+        "seconds": round(max(times) - first, 3) if times else None,
+    }
+
+
+# --------------------------------------------------------------------------- the workload
+
+
+def set_rate(name: str, rate: str | list[str] | None) -> None:
+    """Give pool ``name`` the rate(s) ``rate`` (None: none), through the pool service."""
+    from pools.core import definitions
+
+    definitions.update_pool(name, rate=rate)
+
+
+def _starts(spans: Sequence[dict[str, Any]]) -> list[float]:
+    return [float(s["s"]) for s in spans]
+
+
+def rates(ctx: Context) -> dict[str, Any]:
+    """Our ``"20/s"`` pool beside Celery's ``rate_limit="20/s"``; the cost of a rate that
+    never binds."""
+    from pools.bench import stats, tasks
+    from pools.bench.runs import plain_run, pooled_run
+    from pools.bench.workers import PLAIN_QUEUE
+
+    o = ctx.options
+    n = o.rate_tasks
+    out: dict[str, Any] = {
+        "tasks": n,
+        "limit": LIMIT,
+        "workers": o.workers,
+        "concurrency": o.concurrency,
+        "pool": [],
+        "celery": [],
+    }
+    pool = tasks.RATE_POOL
+    set_rate(pool, LIMIT)
+    for rep in range(o.reps):
+        tag = f"{rep + 1}/{o.reps}"
+        ours = pooled_run(
+            ctx, f"rates: pool {LIMIT} {tag}", [(tasks.POOLED[pool], range(n))], [pool]
+        )
+        out["pool"].append(window_report(_starts(ours.spans), LIMIT_COUNT, LIMIT_SECONDS))
+        theirs = plain_run(
+            ctx,
+            f"rates: Celery rate_limit={LIMIT} {tag}",
+            tasks.celery_rated,
+            n,
+            lambda j: [j, 0.0],
+            queue=PLAIN_QUEUE,
+            workers=ctx.main,
+        )
+        out["celery"].append(window_report(_starts(theirs.spans), LIMIT_COUNT, LIMIT_SECONDS))
+    for side in ("pool", "celery"):
+        reps = out[side]
+        out[f"{side}_max_in_window"] = stats.summary([r["max_in_window"] for r in reps])
+        out[f"{side}_achieved_per_s"] = stats.summary(
+            [r["achieved_per_s"] for r in reps if r["achieved_per_s"] is not None]
+        )
+    out["cost"] = _cost(ctx)
+    return out
+
+
+def _cost(ctx: Context) -> dict[str, Any]:
+    """The W1 no-op loop with no rate and with :data:`NEVER_BINDS`, alternating."""
+    from pools.bench import stats, tasks
+    from pools.bench.runs import pooled_run
+
+    o = ctx.options
+    pool = tasks.W1_POOL
+    reps: dict[str, list[float]] = {"none": [], "never_binds": []}
+    cpu: dict[str, list[dict[str, float]]] = {"none": [], "never_binds": []}
+    try:
+        for rep in range(o.reps):
+            for side, rate in (("none", None), ("never_binds", NEVER_BINDS)):
+                set_rate(pool, rate)
+                run = pooled_run(
+                    ctx,
+                    f"rates: cost, rate {rate or 'none'} {rep + 1}/{o.reps}",
+                    [(tasks.POOLED[pool], range(o.tasks))],
+                    [pool],
+                )
+                reps[side].append(run.throughput)
+                if run.cpu_ms is not None:
+                    cpu[side].append(run.cpu_ms)
+    finally:
+        set_rate(pool, None)
+    out: dict[str, Any] = {
+        "tasks": o.tasks,
+        "rate": NEVER_BINDS,
+        "reps": reps,
+        **{f"{side}_per_s": stats.summary(v) for side, v in reps.items()},
+        "cpu_ms_per_task": {side: stats.median_by_key(runs) for side, runs in cpu.items()},
+    }
+    none, rated = out["none_per_s"]["median"], out["never_binds_per_s"]["median"]
+    out["ratio"] = rated / none if none else math.nan
+    return out
