@@ -85,6 +85,7 @@ def pooled(
     idempotency_key: KeySource = None,
     max_running: int | None = None,
     fairness_key: KeySource | int = None,
+    rate: str | float | list[str] | None = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`.
 
@@ -95,6 +96,8 @@ def pooled(
     ``max_running=N``: a task cap, at most N calls of the task admitted at once.
     ``fairness_key`` (a string, or a callable of the task's arguments): whom a call is
     fair to in pools with strategy ``fair``.
+    ``rate="20/s"`` (or a list such as ``["10/s", "100000/d"]``): a task rate, at most that
+    many calls of the task started per sliding window across every worker.
     """
     from pools.celery.decorators import pooled as _pooled
 
@@ -108,6 +111,7 @@ def pooled(
         idempotency_key=idempotency_key,
         max_running=max_running,
         fairness_key=fairness_key,
+        rate=rate,
     )
 
 

@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
+from pools.core.rates import validate_field as validate_rate
 from pools.querysets import DemandQuerySet, QueueEntryQuerySet
 from pools.specs import POOL_NAME_RE
 
@@ -182,6 +183,19 @@ class Pool(models.Model):
     spend_day = models.DateField(_("spend day"), null=True, blank=True, editable=False)
     spent_today = models.FloatField(
         _("slot-seconds spent"), default=0, db_default=0, editable=False
+    )
+    #: Rate limits on admissions (:mod:`pools.core.rates`), stored as ``"10/s,100000/d"``.
+    rate = models.CharField(
+        _("rate"),
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        validators=[validate_rate],
+        help_text=_(
+            "Starts allowed per sliding window across every worker: N/s, N/m, N/h or N/d, "
+            "several separated by commas (10/s,100000/d). Empty means no rate limit."
+        ),
     )
     #: Removed from POOLS['DEFINITIONS'] while it still held or queued work: deleted once empty.
     retiring = models.BooleanField(_("retiring"), default=False, db_default=False, editable=False)
@@ -471,6 +485,33 @@ class EventKind(models.TextChoices):
     POOL_CREATED = "pool_created", _("pool created")
     POOL_DELETED = "pool_deleted", _("pool deleted")
     TERMINATE = "terminate", _("termination requested")
+
+
+class RateMark(models.Model):
+    """One slot of a pool's ring of admission times for one of its rates.
+
+    Admission number ``k`` of the pool writes its (database clock) time into slot
+    ``k mod N`` of each rate ``N/W``; written and read only under the pool's row lock by
+    :mod:`pools.core.windows` (see :mod:`pools.core.rates`).
+    """
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="rate_marks")
+    #: The rate's place in ``Pool.rate`` (0-based).
+    rate_index = models.PositiveSmallIntegerField()
+    #: ``admission number mod N``.
+    slot = models.PositiveIntegerField()
+    #: When that admission happened, by the database's clock.
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["pool", "rate_index", "slot"], name="pools_ratemark_slot"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id}#{self.rate_index}[{self.slot}] {self.at.isoformat()}"
 
 
 class PoolEvent(models.Model):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pools.core import rates
 from pools.exceptions import PoolConfigurationError
 
 #: A pool name: starts with a letter or digit; letters, digits, ``_ . : -``; at most 100.
@@ -381,6 +382,12 @@ class PoolSpec:
     max_running: int | None = None
     #: For a spec with its caps added: ``{cap pool name: its capacity}`` (made on first use).
     caps: dict[str, int] = field(default_factory=dict)
+    #: Task rate (``@pooled(rate="20/s")``, stored form ``"20/s,1000/h"``): a global limit on
+    #: the task's starts, kept by its task pool ``task-cap:<task name>`` (with
+    #: ``max_running``, if given, as its slots; unlimited slots otherwise). Empty: none.
+    rate: str = ""
+    #: For a spec with its caps added: ``{cap pool name: its rate}`` (stored form).
+    cap_rates: dict[str, str] = field(default_factory=dict)
     #: Per call, on the first task of a run: the run's budget (:class:`Budget`).
     budget: Budget | None = None
 
@@ -392,10 +399,13 @@ class PoolSpec:
         """
         if self.max_running is not None:
             validate_slots(self.max_running, what="max_running")
-        if not isinstance(self.demand, Mapping) or not (self.demand or self.max_running):
+        object.__setattr__(self, "rate", rates.normalize(self.rate, what="rate"))
+        if not isinstance(self.demand, Mapping) or not (
+            self.demand or self.max_running or self.rate
+        ):
             raise PoolConfigurationError(
                 f"A pool demand must be a non-empty {{pool: slots}} dict, got {self.demand!r} "
-                f"(or give max_running=N alone for a task cap)."
+                f"(or give max_running=N or rate='N/s' alone for a task pool)."
             )
         for name, slots in self.demand.items():
             checked = validate_pool_name_or_pattern(name)
@@ -422,17 +432,21 @@ class PoolSpec:
         idempotency_key: KeySource = None,
         max_running: int | None = None,
         fairness_key: KeySource | int = None,
+        rate: Any = None,
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec."""
         if max_running is not None:
             max_running = validate_slots(max_running, what="max_running")
-        if pools is None and max_running is None:
+        task_rate = rates.normalize(rate, what="@pooled(rate=...)")
+        if pools is None and max_running is None and not task_rate:
             raise PoolConfigurationError(
-                "@pooled needs a pool name, a {pool: slots} dict, or max_running=N (a task cap)."
+                "@pooled needs a pool name, a {pool: slots} dict, max_running=N (a task cap) "
+                "or rate='N/s' (a task rate)."
             )
         return cls(
             demand={} if pools is None else normalize_demand(pools, slots),
             max_running=max_running,
+            rate=task_rate,
             priority=_validate_priority(priority),
             queue_timeout=_validate_timeout(queue_timeout),
             concurrency_policy=validate_policy(concurrency_policy),
@@ -452,13 +466,14 @@ class PoolSpec:
             "concurrency_policy",
             "max_running",
             "fairness_key",
+            "rate",
         }
         unknown = set(data) - allowed
-        if unknown or not ("pools" in data or "max_running" in data):
+        if unknown or not ("pools" in data or "max_running" in data or "rate" in data):
             raise PoolConfigurationError(
                 f"Invalid pooled task definition {dict(data)!r}: expected keys 'pools' (required "
-                f"unless 'max_running' is given), 'slots', 'priority', 'queue_timeout', "
-                f"'concurrency_policy', 'max_running', 'fairness_key'."
+                f"unless 'max_running' or 'rate' is given), 'slots', 'priority', "
+                f"'queue_timeout', 'concurrency_policy', 'max_running', 'fairness_key', 'rate'."
             )
         return cls.build(
             data.get("pools"),
@@ -468,6 +483,7 @@ class PoolSpec:
             queue_timeout=data.get("queue_timeout"),
             concurrency_policy=data.get("concurrency_policy", "allow"),
             fairness_key=data.get("fairness_key"),
+            rate=data.get("rate"),
         )
 
     def with_call_options(self, options: Mapping[str, Any] | None) -> PoolSpec:
@@ -515,14 +531,18 @@ class PoolSpec:
         return list(self.demand)
 
     def with_task_cap(self, task: str) -> PoolSpec:
-        """This spec with its task cap's pool in the demand (one slot per call)."""
-        if self.max_running is None:
+        """This spec with its task pool in the demand (one slot per call): the task cap
+        (``max_running``) and the task rate (``rate``) share the pool ``task-cap:<task>``;
+        with a rate alone its slots are unlimited."""
+        if self.max_running is None and not self.rate:
             return self
         name = cap_pool_name(TASK_CAP_PREFIX, task)
+        slots = rates.UNLIMITED_SLOTS if self.max_running is None else self.max_running
         return replace(
             self,
             demand={**self.demand, name: 1},
-            caps={**self.caps, name: self.max_running},
+            caps={**self.caps, name: slots},
+            cap_rates={**self.cap_rates, name: self.rate} if self.rate else self.cap_rates,
         )
 
     def with_run_cap(self, pool: str) -> PoolSpec:

@@ -40,8 +40,8 @@ TASK_CAP_TEMPLATE = TASK_CAP_PREFIX + "{task}"
 #: is sent, so "none" stays true): spares the look-up for the other tasks of a workflow.
 _UNCAPPED: OrderedDict[str, None] = OrderedDict()
 _UNCAPPED_MAX = 10_000
-#: Task caps this process has made sure of: ``{pool: slots}``.
-_ENSURED: dict[str, int] = {}
+#: Task caps this process has made sure of: ``{pool: (slots, rate)}``.
+_ENSURED: dict[str, tuple[int, str]] = {}
 
 
 def limit_run(
@@ -111,6 +111,7 @@ def ensure_caps(spec: PoolSpec, *, again: bool = False) -> None:
     """Make the task-cap pools of ``spec`` exist with their capacity (once per process,
     or ``again`` after admission found one gone)."""
     for name, slots in spec.caps.items():
-        if again or _ENSURED.get(name) != slots:
-            definitions.ensure_cap_pool(name, slots, template=TASK_CAP_TEMPLATE)
-            _ENSURED[name] = slots
+        rate = spec.cap_rates.get(name, "")
+        if again or _ENSURED.get(name) != (slots, rate):
+            definitions.ensure_cap_pool(name, slots, template=TASK_CAP_TEMPLATE, rate=rate)
+            _ENSURED[name] = (slots, rate)

@@ -41,6 +41,7 @@ def pooled(
     idempotency_key: KeySource = None,
     max_running: int | None = None,
     fairness_key: KeySource | int = None,
+    rate: str | float | list[str] | None = None,
 ) -> Callable[[T], T]:
     """Limit a Celery task by one or more named resource pools.
 
@@ -59,6 +60,11 @@ def pooled(
     before the named pools. See :func:`pools.limit_run` for a cap over a whole workflow.
     ``fairness_key`` (a string, or a callable of the task's arguments) says whom a call is
     fair to in pools with strategy ``fair``.
+
+    ``rate="20/s"`` (or a list such as ``["10/s", "100000/d"]``; ``N/s``, ``N/m``, ``N/h``,
+    ``N/d``) is a task rate: at most that many calls of this task *started* per sliding
+    window, across every worker (the global counterpart of Celery's per-worker
+    ``rate_limit``). It lives on the task's own pool with ``max_running``, if given.
     """
     spec = PoolSpec.build(
         pools,
@@ -70,6 +76,7 @@ def pooled(
         idempotency_key=idempotency_key,
         max_running=max_running,
         fairness_key=fairness_key,
+        rate=rate,
     )
 
     def decorate(obj: T) -> T:

@@ -43,7 +43,16 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from pools import conf
-from pools.core import budgets, dispatch, eligibility, events, nodes, spendcap, strategies
+from pools.core import (
+    budgets,
+    dispatch,
+    eligibility,
+    events,
+    nodes,
+    spendcap,
+    strategies,
+    windows,
+)
 from pools.core.locking import locked_pools, unavailable_on_error
 from pools.core.records import (
     BUDGET,
@@ -193,6 +202,8 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
     passed: set[int] = set()
     passes: dict[int, int] = {}
     caps = _CapRoom(pools, free)
+    # Rate limits (pools.core.rates): checked with the slots, in line order.
+    rated = windows.Windows(pools)
 
     while True:
         lines: dict[int, deque[Demand]] = {}
@@ -249,6 +260,16 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
                     continue
                 if not _fits_everywhere(entry, pools, lines, free, result.needs):
                     break
+                if rated.rates:
+                    closed = rated.blocked(entry)
+                    if closed:
+                        # A head held back by a rate blocks its line (as one that does not
+                        # fit); a pass over its pools runs when the last window opens.
+                        when = rated.local(max(closed.values()))
+                        for name in entry.demand:
+                            result.wake[name] = min(result.wake.get(name, when), when)
+                        break
+                    rated.take(entry)
                 for name, slots in entry.demand.items():
                     pid = pools[name].pk
                     free[pid] -= slots
@@ -263,6 +284,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             break
 
     if admitted:
+        rated.write()  # before _mark_admitted moves the pools' admission counters on
         _mark_admitted(admitted, pools, now, now + lease)
         for pid, line_round in rounds.items():
             strategies.note_admitted(by_id[pid], line_round)

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from pools import conf
-from pools.core import admission, events, locking, strategies
+from pools.core import admission, events, locking, rates, strategies, windows
 from pools.exceptions import (
     PoolConfigurationError,
     PoolDefinedInSettings,
@@ -47,6 +47,7 @@ _FIELDS = {
     "strategy",
     "aging_seconds",
     "spend_cap",
+    "rate",
 }
 #: Fields whose change gives the waiting entries new places (:func:`strategies.rerank`).
 _ORDER_FIELDS = ("strategy", "aging_seconds")
@@ -75,6 +76,8 @@ class PoolDefinition:
     aging_seconds: int | None = None
     #: Slot-seconds the pool may spend per UTC day (:mod:`pools.core.spendcap`); None: no cap.
     spend_cap: float | None = None
+    #: Rate limits on starts, stored form (``"10/s,100000/d"``; :mod:`pools.core.rates`).
+    rate: str = ""
 
 
 def parse(name: str, raw: Any) -> PoolDefinition:
@@ -90,9 +93,16 @@ def parse(name: str, raw: Any) -> PoolDefinition:
             f"POOLS['DEFINITIONS'][{name!r}] has unknown key(s) {sorted(unknown)}; "
             f"allowed: {sorted(_FIELDS)}."
         )
-    if "slots" not in raw:
-        raise PoolConfigurationError(f"POOLS['DEFINITIONS'][{name!r}] needs 'slots'.")
-    slots = validate_slots(raw["slots"], what=f"POOLS['DEFINITIONS'][{name!r}]['slots']")
+    rate = rates.normalize(raw.get("rate"), what=f"POOLS['DEFINITIONS'][{name!r}]['rate']")
+    if "slots" in raw:
+        slots = validate_slots(raw["slots"], what=f"POOLS['DEFINITIONS'][{name!r}]['slots']")
+    elif rate:  # a rate alone limits starts only
+        slots = rates.UNLIMITED_SLOTS
+    else:
+        raise PoolConfigurationError(
+            f"POOLS['DEFINITIONS'][{name!r}] needs 'slots' (or a 'rate' alone, such as "
+            f"{{'rate': '100/m'}}, to limit starts only)."
+        )
     max_queued = raw.get("max_queued")
     if max_queued is not None:
         max_queued = validate_slots(
@@ -119,6 +129,7 @@ def parse(name: str, raw: Any) -> PoolDefinition:
         strategy=strategy,
         aging_seconds=aging,
         spend_cap=_spend_cap(raw.get("spend_cap"), f"{where}['spend_cap']"),
+        rate=rate,
     )
 
 
@@ -275,6 +286,7 @@ def sync() -> SyncReport:
                     "strategy": d.strategy,
                     "aging_seconds": d.aging_seconds,
                     "spend_cap": d.spend_cap,
+                    "rate": d.rate,
                     "defined_in_settings": True,
                 },
             )
@@ -292,6 +304,7 @@ def sync() -> SyncReport:
                 "strategy": d.strategy,
                 "aging_seconds": d.aging_seconds,
                 "spend_cap": d.spend_cap,
+                "rate": d.rate,
                 "defined_in_settings": True,
                 "retiring": False,
             }
@@ -304,6 +317,8 @@ def sync() -> SyncReport:
                 pool = locked[d.name]
                 old_paused = pool.paused
                 reorder = any(getattr(pool, k) != wanted[k] for k in _ORDER_FIELDS)
+                if pool.rate != d.rate:
+                    windows.reset(pool)  # new rates start from empty windows
                 for key, value in wanted.items():
                     setattr(pool, key, value)
                 pool.save(update_fields=[*wanted, "updated_at"])
@@ -551,6 +566,7 @@ EDITABLE = (
     "strategy",
     "aging_seconds",
     "spend_cap",
+    "rate",
 )
 
 
@@ -584,6 +600,8 @@ def validate_fields(values: dict[str, Any]) -> dict[str, Any]:
                 out[key] = None if value is None else validate_slots(value, what="aging_seconds")
             elif key == "spend_cap":
                 out[key] = _spend_cap(value, "spend_cap")
+            elif key == "rate":
+                out[key] = rates.normalize(value, what="rate")
             else:
                 raise PoolConfigurationError(
                     f"Unknown pool field {key!r}; allowed: name, {', '.join(EDITABLE)}."
@@ -606,6 +624,7 @@ def create_pool(
     strategy: str = Strategy.PRIORITY,
     aging_seconds: int | None = None,
     spend_cap: float | None = None,
+    rate: Any = "",
     actor: str | None = None,
 ) -> Pool:
     """Create a pool (admin, API). Raises ``PoolConfigurationError`` (bad field, name taken)."""
@@ -621,6 +640,7 @@ def create_pool(
             "strategy": strategy,
             "aging_seconds": aging_seconds,
             "spend_cap": spend_cap,
+            "rate": rate,
         }
     )
     check_order(values["strategy"], values["aging_seconds"])
@@ -660,6 +680,8 @@ def update_pool(name: str, *, actor: str | None = None, **changes: Any) -> Pool:
         old = {key: getattr(pool, key) for key in values}
         slots = values.pop("slots", None)
         reorder = any(k in values and getattr(pool, k) != values[k] for k in _ORDER_FIELDS)
+        if "rate" in values and values["rate"] != pool.rate:
+            windows.reset(pool)  # new rates start from empty windows
         for key, value in values.items():
             setattr(pool, key, value)
         check_order(pool.strategy, pool.aging_seconds)
@@ -718,7 +740,7 @@ def _used_since(pool: Pool, since: datetime) -> bool:
 
 # --------------------------------------------------------------------------- per-key pools
 
-_TEMPLATE_FIELDS = {"slots", "max_queued", "description", "strategy", "aging_seconds"}
+_TEMPLATE_FIELDS = {"slots", "max_queued", "description", "strategy", "aging_seconds", "rate"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -732,6 +754,8 @@ class PoolTemplate:
     #: The admission order of each pool made from it, and its aging (strategy priority).
     strategy: str = Strategy.PRIORITY
     aging_seconds: int | None = None
+    #: The rate of each pool made from it (stored form; each pool has its own windows).
+    rate: str = ""
 
 
 def parse_template(pattern: str, raw: Any) -> PoolTemplate:
@@ -745,8 +769,12 @@ def parse_template(pattern: str, raw: Any) -> PoolTemplate:
         raise PoolConfigurationError(
             f"{where} has unknown key(s) {sorted(unknown)}; allowed: {sorted(_TEMPLATE_FIELDS)}."
         )
-    if "slots" not in raw:
-        raise PoolConfigurationError(f"{where} needs 'slots' (the capacity of each pool).")
+    rate = rates.normalize(raw.get("rate"), what=f"{where}['rate']")
+    if "slots" not in raw and not rate:
+        raise PoolConfigurationError(
+            f"{where} needs 'slots' (the capacity of each pool), or a 'rate' alone such as "
+            f"{{'rate': '10/s'}} to limit starts only."
+        )
     max_queued = raw.get("max_queued")
     strategy = _choice(raw.get("strategy", Strategy.PRIORITY), Strategy, where, "strategy")
     aging = raw.get("aging_seconds")
@@ -757,11 +785,14 @@ def parse_template(pattern: str, raw: Any) -> PoolTemplate:
         pattern=pattern,
         strategy=strategy,
         aging_seconds=aging,
-        slots=validate_slots(raw["slots"], what=f"{where}['slots']"),
+        slots=validate_slots(raw["slots"], what=f"{where}['slots']")
+        if "slots" in raw
+        else rates.UNLIMITED_SLOTS,
         max_queued=None
         if max_queued is None
         else validate_slots(max_queued, what=f"{where}['max_queued']"),
         description=str(raw.get("description", "")),
+        rate=rate,
     )
 
 
@@ -797,6 +828,7 @@ def ensure_pool(name: str, pattern: str) -> Pool:
                     description=template.description,
                     strategy=template.strategy,
                     aging_seconds=template.aging_seconds,
+                    rate=template.rate,
                     template=pattern,
                 )
                 pool_saved(pool, old_slots=None, old_paused=None, created=True)
@@ -809,23 +841,28 @@ def ensure_pool(name: str, pattern: str) -> Pool:
     raise PoolConfigurationError(f"Could not create the per-key pool {name!r}; try again.")
 
 
-def ensure_cap_pool(name: str, slots: int, *, template: str) -> Pool:
+def ensure_cap_pool(name: str, slots: int, *, template: str, rate: str = "") -> Pool:
     """The pool of a workflow cap (``run-cap:<root>``, ``task-cap:<task>``), made on first use.
 
-    Created with ``slots`` and ``template`` (so the sweep retires it once idle, like a
-    per-key pool). An existing pool whose configured capacity differs (a task's
-    ``max_running`` changed in the code) gets the new capacity through
-    :func:`update_pool`, which drains. Race-safe as :func:`ensure_pool`.
+    Created with ``slots``, ``rate`` (stored form; a task's ``@pooled(rate=...)``) and
+    ``template`` (so the sweep retires it once idle, like a per-key pool). An existing
+    pool whose configured capacity or rate differs (a task's ``max_running`` or ``rate``
+    changed in the code) gets the new values through :func:`update_pool` (a capacity
+    change drains; a rate change starts from empty windows). Race-safe as
+    :func:`ensure_pool`.
     """
     for _attempt in range(3):
         pool = Pool.objects.filter(name=name).first()
         if pool is not None:
+            changes: dict[str, Any] = {}
             if configured_slots(pool) != slots:
-                return update_pool(name, slots=slots)
-            return pool
+                changes["slots"] = slots
+            if pool.rate != rate:
+                changes["rate"] = rate
+            return update_pool(name, **changes) if changes else pool
         try:
             with transaction.atomic():
-                pool = Pool.objects.create(name=name, slots=slots, template=template)
+                pool = Pool.objects.create(name=name, slots=slots, rate=rate, template=template)
                 pool_saved(pool, old_slots=None, old_paused=None, created=True)
             return pool
         except IntegrityError:

@@ -13,6 +13,8 @@ the line. An entry whose ``not_before`` is still in the future is not in line: n
 1. ``not_before``: the entry is not due yet (``detail["until"]``);
 2. ``paused``: the pool is paused; ``spend_cap``: the pool has spent its daily spend cap
    (slot-seconds per UTC day; ``detail["spent"]``, ``detail["cap"]``, ``detail["until"]``);
+   ``rate_limited``: a rate of the pool (:mod:`pools.core.rates`) has no room for the
+   pool's next admission (``detail["rate"]``, ``detail["until"]``: when its window opens);
    then, for the first entry in line that is ineligible (:mod:`pools.core.eligibility`):
    ``forbid`` (``concurrency_policy="forbid"`` and another instance of its job is admitted
    or running: ``detail["job"]``, ``detail["holder"]``) or ``worker_unavailable`` (pinned
@@ -37,7 +39,8 @@ waiting at all (held or finished).
 :data:`HOLD_SAMPLE` entries that finished within :data:`HOLD_WINDOW`. Each "wave" of
 ``capacity`` entries ahead is assumed to hold the pool for one mean hold. ``None`` when the
 pool has no such history or is paused; the due time for a delayed entry (at the earliest);
-``now`` when nothing blocks it.
+``now`` when nothing blocks it. In a pool with a rate, the ETA is at least when the
+rates allow the entry's start (the ``ahead + 1``-th next admission, from the marks).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from typing import Any
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from pools.core import eligibility, spendcap
+from pools.core import eligibility, spendcap, windows
 from pools.exceptions import EntryNotFound
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
 from pools.specs import CAP_PREFIXES, gate_rank
@@ -68,6 +71,7 @@ BLOCKERS = (
     "run_cap",
     "task_cap",
     "spend_cap",
+    "rate_limited",
 )
 #: How many recent holds the ETA averages over, per pool.
 HOLD_SAMPLE = 50
@@ -339,6 +343,26 @@ def decide(
             },
             eta=until,
         )
+    if pool.rate:
+        opens = windows.next_opening(pool)
+        rate_eta = windows.next_opening(pool, ahead)
+        if rate_eta is not None:
+            rate_eta = windows.to_local(rate_eta)
+            eta = None if eta is None else max(eta, rate_eta)
+            eta = eta or rate_eta
+        if opens is not None:
+            until = windows.to_local(opens)
+            rates = pool.rate.replace(",", ", ")
+            return PoolPlace(
+                pool=name,
+                slots=slots,
+                position=position,
+                blocked_by="rate_limited",
+                message=f"Pool {name!r} has used its rate ({rates}): its next start is "
+                f"allowed at {_fmt(until)}.{behind}",
+                detail={"ahead": ahead, "rate": pool.rate.split(","), "until": until.isoformat()},
+                eta=eta,
+            )
     first = head is None or position == 1
     own = eligibility.blocker(entry) if first and eligibility.is_special(entry) else None
     if own is not None:

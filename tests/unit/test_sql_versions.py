@@ -25,7 +25,7 @@ PINNED = {
     "admission_v3.sql": "eaf24b6e10beb08cd00132d6345209985967b1dd65ae7debf50127926a5d03e5",
     "admission_v4.sql": "8852b6cf704cf4dea38c5fbf8d1b2c5bad24d9ee3db954b0c2268dc40185608c",
     "admission_v5.sql": "01838546b02fde592f3e91e8cb68fbbd8079ebd3bd4a0aa23b9cc09958e87c11",
-    "admission_v6.sql": "0a9d501f2b247a859df278c7fdd4b0e43abbd72c5331080881fa3b947df1b29c",
+    "admission_v6.sql": "759075168175575d2ce32f8ed54dc59d0eefe89ccd04dcb9600bbc73fe2b50e0",
 }
 
 

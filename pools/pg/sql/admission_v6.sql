@@ -88,13 +88,15 @@ DECLARE
     v_until timestamptz := p_now + make_interval(secs => p_lease);
 BEGIN
     FOR r IN SELECT p.id, p.name, p.slots, p.held, p.admissions, p.paused, p.next_due_at,
-                    p.pending_slots, p.strategy, p.fair_round, p.spend_cap
+                    p.pending_slots, p.strategy, p.fair_round, p.spend_cap, p.rate
                FROM pools_pool p
              WHERE p.id = ANY(p_pools) ORDER BY p.name LOOP
-        IF r.spend_cap IS NOT NULL THEN
+        IF r.spend_cap IS NOT NULL OR r.rate <> '' THEN
             -- A daily spend cap (pools_pool.spend_cap, migration 0016), paused or not: the
             -- Python pass adds a settled attempt's slot-seconds, then decides with the
-            -- day's spend (pools/core/spendcap.py).
+            -- day's spend (pools/core/spendcap.py). A rate limit (pools_pool.rate,
+            -- migration 0017): the Python pass checks and writes the pool's rate windows
+            -- (pools/core/rates.py).
             RETURN QUERY SELECT * FROM pools_out_v6('fallback', pool => r.name::text);
             CONTINUE;
         END IF;
