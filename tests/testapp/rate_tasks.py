@@ -60,6 +60,13 @@ def slots_rated(i: int, sleep: float = 0.05) -> dict[str, Any]:
 
 
 @shared_task
+@pooled(rate="20/s")
+def own_rate(i: int, sleep: float = 0.0) -> dict[str, Any]:
+    """A task rate without a named pool: the task's own rated pool (``task-cap:<task>``)."""
+    return _started(i, sleep)
+
+
+@shared_task
 def unrated(i: int, sleep: float = 0.0) -> dict[str, Any]:
     """The same body, not pooled: the control that shows the workers start far more than 20/s."""
     return _started(i, sleep)
