@@ -169,9 +169,9 @@ def _check_window(
             "pk", "admission_seq"
         )
     )
-    numbers = [seq[s["entry_id"]] for s in spans]
-    assert None not in numbers and len(set(numbers)) == len(spans), "admissions not paired 1:1"
-    lags = [s["start"] - admissions[int(n) - 1] for s, n in zip(spans, numbers, strict=True)]
+    numbers = [n for s in spans if (n := seq[s["entry_id"]]) is not None]
+    assert len(set(numbers)) == len(spans), "bodies and admissions are not paired one to one"
+    lags = [s["start"] - admissions[n - 1] for s, n in zip(spans, numbers, strict=True)]
     # No body starts before the database admitted it (one host, one clock; the mark is
     # read before the admitting transaction commits and publishes).
     assert min(lags) >= -CLOCK_RESOLUTION, f"a body started {-min(lags):.6f} s before admission"
