@@ -49,8 +49,9 @@ def load_app(path: str) -> Any:
     app = find_app(path)
     app.set_current()
     app.set_default()
-    from pools.bench import tasks  # noqa: F401  (registers the bench tasks on the app)
+    from pools.bench import tasks  # registers the bench tasks on the app
 
+    tasks.route_wakeups(app, POOLED_QUEUE)
     return app
 
 

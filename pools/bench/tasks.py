@@ -107,5 +107,36 @@ def pool_names() -> list[str]:
     return sorted({name for label in POOLED for name in label.split("+")})
 
 
+#: Set by the benchmark for its workers (:mod:`pools.bench.workers`): route the wake-ups.
+WAKEUPS_ENV = "POOLS_BENCH_ROUTE_WAKEUPS"
+
+
+def route_wakeups(app: Any, queue: str) -> None:
+    """Send the pools' timed wake-ups (``pools.admit``, e.g. when a rate's window opens) to
+    ``queue``, a queue the benchmark's workers consume.
+
+    The wake-up is a ``pools.admit`` message with a countdown on the default queue, which
+    the benchmark's workers do not consume (they leave the project's queues alone). Every
+    wake-up the benchmark's processes send is for a bench pool: their admission passes only
+    ever touch the bench pools.
+    """
+    route = {"pools.admit": {"queue": queue}}
+    existing = app.conf.task_routes
+    if not existing:
+        chain: tuple[Any, ...] = ()
+    elif isinstance(existing, list | tuple):
+        chain = tuple(existing)
+    else:
+        chain = (existing,)
+    app.conf.task_routes = (route, *chain)
+    app.amqp.flush_routes()
+    app.amqp.router = app.amqp.Router()
+
+
+if os.environ.get(WAKEUPS_ENV):
+    from celery import current_app
+
+    route_wakeups(current_app, os.environ[WAKEUPS_ENV])
+
 # The recipe's task lives with its semaphore; imported here so ``--include`` registers it.
 from pools.bench import recipe  # noqa: E402,F401
