@@ -189,14 +189,26 @@ def _rates_rows(rates: dict[str, Any]) -> list[Row]:
         return []
     limit = rates["limit"]
     count = int(limit.split("/")[0])
-    rows: list[Row] = [
+    rows: list[Row] = []
+    if "admissions_max_in_window" in rates:
+        rows.append(
+            (
+                "rates",
+                f"pool {limit}: most admissions in any 1 s (db clock)",
+                rates["admissions_max_in_window"],
+                "starts",
+                f"<= {count}",
+                _at_most(rates["admissions_max_in_window"], count, "max"),
+            )
+        )
+    rows += [
         (
             "rates",
-            f"pool {limit}: most starts in any 1 s window",
+            f"pool {limit}: most body starts in any 1 s",
             rates["pool_max_in_window"],
             "starts",
-            f"<= {count}",
-            _at_most(rates["pool_max_in_window"], count, "max"),
+            "",
+            None,
         ),
         (
             "rates",

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pytest
-from django.db import connection
 
+from pools.bench.rates import AdmissionLog as Log
 from pools.bench.rates import achieved_rate, max_in_window
 from pools.core import definitions, rates
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
@@ -81,53 +81,19 @@ class AdmissionLog(Protocol):
 
 @pytest.fixture
 def admission_log(transactional_db: None) -> Iterator[AdmissionLog]:
-    """An independent log of the rate marks the admission writes (a PostgreSQL trigger).
-
-    The core keeps a ring of the last ``N`` marks per rate and overwrites older ones; the
-    trigger copies each mark as it is written (one per admission and rate, stamped with
-    the database clock) into a table the core never reads, in the order written.
-    """
-    from pools.models import Pool, RateMark
-
-    if connection.vendor != "postgresql":
+    """Every admission of a (fresh) rated pool, logged by :class:`pools.bench.rates.
+    AdmissionLog`: a trigger copies each rate mark as the admission writes it."""
+    if not Log.available():
         pytest.skip("the admission log is a PostgreSQL trigger")
-    marks = connection.ops.quote_name(RateMark._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "CREATE TABLE rates_test_marks (id bigserial PRIMARY KEY, pool_id bigint, "
-            "rate_index int, slot bigint, at timestamptz)"
-        )
-        cursor.execute(
-            "CREATE FUNCTION rates_test_log() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "INSERT INTO rates_test_marks (pool_id, rate_index, slot, at) "
-            "VALUES (NEW.pool_id, NEW.rate_index, NEW.slot, NEW.at); RETURN NEW; END $$"
-        )
-        cursor.execute(
-            f"CREATE TRIGGER rates_test_log AFTER INSERT OR UPDATE ON {marks} "
-            "FOR EACH ROW EXECUTE FUNCTION rates_test_log()"
-        )
 
-    def read(pool: str, rate_index: int = 0) -> list[float]:
-        row = Pool.objects.get(name=pool)
-        count = rates.parse_rates(row.rate)[rate_index].count
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT slot, extract(epoch FROM at) FROM rates_test_marks "
-                "WHERE pool_id = %s AND rate_index = %s ORDER BY id",
-                [row.pk, rate_index],
-            )
-            logged = cursor.fetchall()
-        # A fresh pool: admission number k writes slot k mod N, once.
-        assert [int(slot) for slot, _ in logged] == [k % count for k in range(len(logged))]
-        return [float(at) for _, at in logged]
+    with Log() as log:
 
-    try:
+        def read(pool: str, rate_index: int = 0) -> list[float]:
+            first, times = log.read(pool, rate_index)
+            assert first == 0, "a fresh pool's first admission writes slot 0"
+            return times
+
         yield read
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f"DROP TRIGGER IF EXISTS rates_test_log ON {marks}")
-            cursor.execute("DROP FUNCTION IF EXISTS rates_test_log()")
-            cursor.execute("DROP TABLE IF EXISTS rates_test_marks")
 
 
 @dataclass(frozen=True)
