@@ -17,9 +17,10 @@ workers (``--workers`` x ``--concurrency``, 2 x 4 by default):
   same workers. Celery keeps one token bucket per worker *instance* (the consumer in each
   worker's main process, ``kombu.utils.limits.TokenBucket(limit, capacity=1)``), so the
   fleet as a whole starts up to ``workers x 20`` per second;
-* ``cost``: the W1 no-op loop (``--tasks``) through the W1 pool with no rate, and again with
-  a rate that never binds (:data:`NEVER_BINDS`): tasks/s and CPU ms per task side by side,
-  what the rate check itself costs.
+* ``cost``: the W1 no-op loop (``--tasks``) through the W1 pool with no rate, again with
+  a rate that never binds (:data:`NEVER_BINDS`), and with a spend cap that never binds
+  (which takes the same Python admission pass as a rate, without one): tasks/s and CPU ms
+  per task side by side, what the rate check costs and how much of it is the Python pass.
 """
 
 from __future__ import annotations
@@ -279,22 +280,37 @@ def rates(ctx: Context) -> dict[str, Any]:
     return out
 
 
+#: A daily spend cap no run here can reach (slot-seconds): like a rate, it sends the pool's
+#: admissions to the Python pass instead of the PostgreSQL fast path, without a rate.
+SPEND_CAP_NEVER_BINDS = 1e12
+#: The sides of the cost comparison: (label, rate, spend cap).
+COST_SIDES: tuple[tuple[str, str | None, float | None], ...] = (
+    ("none", None, None),
+    ("never_binds", NEVER_BINDS, None),
+    ("python_path", None, SPEND_CAP_NEVER_BINDS),
+)
+
+
 def _cost(ctx: Context) -> dict[str, Any]:
-    """The W1 no-op loop with no rate and with :data:`NEVER_BINDS`, alternating."""
+    """The W1 no-op loop with no rate, with :data:`NEVER_BINDS`, and (to tell the rate's own
+    cost from that of the Python admission pass it takes) with a spend cap that never binds;
+    in turns, so that a drift of the machine hits every side alike."""
     from pools.bench import stats, tasks
     from pools.bench.runs import pooled_run
+    from pools.core import definitions
 
     o = ctx.options
     pool = tasks.W1_POOL
-    reps: dict[str, list[float]] = {"none": [], "never_binds": []}
-    cpu: dict[str, list[dict[str, float]]] = {"none": [], "never_binds": []}
+    reps: dict[str, list[float]] = {side: [] for side, _, _ in COST_SIDES}
+    cpu: dict[str, list[dict[str, float]]] = {side: [] for side, _, _ in COST_SIDES}
     try:
         for rep in range(o.reps):
-            for side, rate in (("none", None), ("never_binds", NEVER_BINDS)):
+            for side, rate, cap in COST_SIDES:
                 set_rate(pool, rate)
+                definitions.update_pool(pool, spend_cap=cap)
                 run = pooled_run(
                     ctx,
-                    f"rates: cost, rate {rate or 'none'} {rep + 1}/{o.reps}",
+                    f"rates: cost, {side} {rep + 1}/{o.reps}",
                     [(tasks.POOLED[pool], range(o.tasks))],
                     [pool],
                 )
@@ -303,9 +319,11 @@ def _cost(ctx: Context) -> dict[str, Any]:
                     cpu[side].append(run.cpu_ms)
     finally:
         set_rate(pool, None)
+        definitions.update_pool(pool, spend_cap=None)
     out: dict[str, Any] = {
         "tasks": o.tasks,
         "rate": NEVER_BINDS,
+        "spend_cap": SPEND_CAP_NEVER_BINDS,
         "reps": reps,
         **{f"{side}_per_s": stats.summary(v) for side, v in reps.items()},
         "cpu_ms_per_task": {side: stats.median_by_key(runs) for side, runs in cpu.items()},

@@ -248,6 +248,17 @@ def _rates_rows(rates: dict[str, Any]) -> list[Row]:
                 None,
             ),
         ]
+        if "python_path_per_s" in cost:
+            rows.append(
+                (
+                    "rates",
+                    "no-op tasks/s, spend cap (never binds), no rate",
+                    cost["python_path_per_s"],
+                    "tasks/s",
+                    "",
+                    None,
+                )
+            )
     return rows
 
 
