@@ -277,3 +277,20 @@ def test_task_rate__pooled_rate_20_per_second_across_both_workers(
     pool = cap_pool_name(TASK_CAP_PREFIX, own_rate.name)
     seen = _check_window(spans, 20, 1.0, admission_log(pool))
     assert seen.rate >= MIN_SHARE * 20, f"achieved {seen}"
+
+
+def test_admission_log__sees_an_overfilled_window_when_the_rates_change(
+    admission_log: AdmissionLog,
+) -> None:
+    """The sabotage twin of the exact check: a pool's new rates start from empty windows
+    (documented), so a rate changed right after a window filled lets more than the old
+    limit through within one second — and the log and the checker see it. (No workers:
+    admission needs none; the messages stay in the broker, flushed by the next test.)"""
+    _rate_pool(rate_tasks.RATE_POOL, rate="20/s")
+    for i in range(60):
+        rated.delay(i)
+    _release(rate_tasks.RATE_POOL)  # 20 admitted now
+    definitions.update_pool(rate_tasks.RATE_POOL, rate="21/s")  # 21 more at once
+    admitted = admission_log(rate_tasks.RATE_POOL)
+    assert len(admitted) == 41
+    assert max_in_window(admitted, 1.0)[0] == 41
