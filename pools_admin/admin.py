@@ -55,6 +55,7 @@ class PoolAdmin(admin.ModelAdmin):
         "max_queued",
         "overflow",
         "strategy",
+        "rate",
         "defined_in_settings",
         "retiring",
         "occupancy",

@@ -96,12 +96,17 @@ def recorder(settings: Settings) -> Iterator[RecordingBridge]:
     pools = dict(settings.POOLS)
     pools["PUBLISHER"] = "tests.bridge.recorder"
     settings.POOLS = pools
-    from pools.core import dispatch
-
     rec.reset()
-    dispatch._scheduled.clear()  # wake-ups remembered by this process belong to one test
     yield rec
     rec.reset()
+
+
+@pytest.fixture(autouse=True)
+def _forget_wake_ups() -> None:
+    """Wake-ups remembered by this process (one timer per pool) belong to one test."""
+    from pools.core import dispatch
+
+    dispatch._scheduled.clear()
 
 
 def _admission_paths() -> list[str]:

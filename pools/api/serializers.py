@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from pools.core import definitions
+from pools.core import definitions, rates
 from pools.core.explain import BLOCKERS
 from pools.exceptions import PoolConfigurationError
 from pools.models import OverflowPolicy, PausedPolicy, Pool, Strategy
@@ -160,6 +160,11 @@ class PoolSnapshotSerializer(serializers.Serializer[Any]):
     spent_today = serializers.FloatField(
         help_text="Slot-seconds spent on the current UTC day (0 without a cap)."
     )
+    rate = serializers.ListField(
+        child=serializers.CharField(),
+        help_text='Rate limits on starts across every worker, e.g. ["10/s", "100000/d"] '
+        "(empty: none). A pool with a rate and no slots has slots 2147483647 (unlimited).",
+    )
     retiring = serializers.BooleanField(
         help_text="Removed from settings while it held or queued work: deleted once empty."
     )
@@ -282,7 +287,10 @@ class PoolInputSerializer(serializers.Serializer[Any]):
     """Body of ``POST pools/`` and ``PATCH pools/<name>/`` (the rules of settings)."""
 
     name = serializers.CharField(max_length=100)
-    slots = serializers.IntegerField()
+    slots = serializers.IntegerField(
+        required=False,
+        help_text="Capacity; required on create unless a rate is given (then unlimited).",
+    )
     max_queued = serializers.IntegerField(allow_null=True, required=False)
     paused = serializers.BooleanField(required=False)
     description = serializers.CharField(allow_blank=True, required=False)
@@ -299,6 +307,26 @@ class PoolInputSerializer(serializers.Serializer[Any]):
         required=False,
         help_text="Daily spend cap in slot-seconds per UTC day (null: no cap).",
     )
+    rate = serializers.JSONField(
+        allow_null=True,
+        required=False,
+        help_text='Rate limit on starts: "100/m" (N/s, N/m, N/h, N/d), a list such as '
+        '["10/s", "100000/d"], or null / [] for none.',
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """On create, ``slots`` is required unless a rate is given (then unlimited)."""
+        if self.instance is None and "slots" not in attrs:
+            if not attrs.get("rate"):
+                raise serializers.ValidationError(
+                    {"slots": ["This field is required (or give a rate alone to limit starts)."]}
+                )
+            attrs["slots"] = rates.UNLIMITED_SLOTS
+        return attrs
+
+    def validate_rate(self, value: Any) -> str:
+        """A rate, a list of rates, or null (none); stored as ``"10/s,100000/d"``."""
+        return str(_field_check("rate", value))
 
     def validate_name(self, value: str) -> str:
         """Valid name, not taken (on create), unchanged (on update)."""

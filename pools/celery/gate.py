@@ -23,7 +23,6 @@ from celery import Celery, signals
 from celery.app import base as celery_base
 from celery.utils import uuid
 from celery.utils.nodenames import worker_direct
-from django.db import connection
 from django.utils import timezone
 
 from pools import conf
@@ -36,7 +35,7 @@ from pools.celery.messages import (
     CLAIM_HEADER,
     ORIGIN_OPTION,
 )
-from pools.core import admission, definitions
+from pools.core import admission, definitions, locking
 from pools.core.locking import unavailable_on_error
 from pools.core.records import BUDGET_OPTION, Admission, Enqueued, Finished, Submission
 from pools.exceptions import PoolConfigurationError, PoolUnavailable, UnknownPool
@@ -440,7 +439,7 @@ def _enqueue_held(
             _ensure_pools(spec, again=True)
             enqueued = admission.enqueue(sub)
     except PoolUnavailable:
-        _drop_broken_connection()
+        locking.drop_broken_connection()
         raise
     if not enqueued.created:
         raise ExistingEntry(enqueued, fields)
@@ -504,19 +503,6 @@ def _submission(
         idempotency_key=fields.idempotency_key,
         fairness_key=fields.fairness_key,
     )
-
-
-def _drop_broken_connection() -> None:
-    """After an outage, let the next call reconnect.
-
-    Web requests close broken connections at their end; beat and scripts that call pooled
-    tasks live longer, and without this every later call would fail on the dead connection
-    (after a PostgreSQL restart, say). Inside the caller's own transaction it is left alone.
-    """
-    if connection.connection is None or connection.in_atomic_block:
-        return
-    if not connection.is_usable():
-        connection.close()
 
 
 def _display(message: messages.HeldMessage) -> tuple[Any, Any]:

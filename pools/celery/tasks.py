@@ -6,12 +6,13 @@ from celery import shared_task
 from django.utils import timezone
 
 from pools.celery import beat
-from pools.core import admission, sweeps
+from pools.core import admission, locking, sweeps
 
 
 @shared_task(name="pools.sweep", ignore_result=True)
 def sweep() -> dict[str, int]:
     """One sweep pass; scheduled by celery-beat every ``POOLS['SWEEP_SECONDS']``."""
+    locking.drop_broken_connection()  # after a database restart: a pool process keeps its connection
     report = sweeps.sweep()
     cancelled = beat.cancel_stale_fires()  # periodic tasks changed behind the signals' back
     return {
@@ -30,5 +31,6 @@ def admit(pools: list[str]) -> int:
 
     Sent for a head whose ``not_before`` arrives and for a lease about to lapse.
     """
+    locking.drop_broken_connection()
     sweeps.reclaim(timezone.now())
     return len(admission.admit(pools))

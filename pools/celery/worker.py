@@ -24,7 +24,7 @@ from django.db import connection
 from pools import conf
 from pools.celery import messages
 from pools.celery.keeper import body_running, keeper
-from pools.core import admission, budgets, leases, nodes
+from pools.core import admission, budgets, leases, locking, nodes
 from pools.core.leases import Claim
 from pools.exceptions import LeaseLost, PoolUnavailable
 from pools.models import Origin
@@ -112,7 +112,7 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         _enqueue_unclaimed(task, request)
         raise Ignore()
     entry_id, token = parsed
-    _drop_broken_connection()
+    locking.drop_broken_connection()
     claim = start_claim(
         entry_id, token, worker=request.hostname or "", what=f"{task.name}[{request.id}]"
     )
@@ -175,12 +175,6 @@ def start_claim(entry_id: int, token: int, *, worker: str, what: str) -> Claim |
             delay = min(delay * 2, 1.0)
 
 
-def _drop_broken_connection() -> None:
-    """Reconnect after a database error (connections are kept between tasks, see below)."""
-    if connection.errors_occurred and not connection.is_usable():
-        connection.close()
-
-
 def _needs_claim(task: Any, request: Any) -> bool:
     """False for a task gated only for the default pool, delivered from another queue."""
     from pools.celery import gate
@@ -227,7 +221,7 @@ def _settle_after_run(
     if claim is None:
         return
     lost, expires_at = keeper.release(claim.entry_id)
-    _drop_broken_connection()
+    locking.drop_broken_connection()
     if started is not None and not lost:
         _charge_seconds(claim, started)
     try:

@@ -201,9 +201,9 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
     # Entries held back by a full workflow cap: not yet in their named pools' lines.
     passed: set[int] = set()
     passes: dict[int, int] = {}
-    caps = _CapRoom(pools, free)
     # Rate limits (pools.core.rates): checked with the slots, in line order.
     rated = windows.Windows(pools)
+    caps = _CapRoom(pools, free, rated)
 
     while True:
         lines: dict[int, deque[Demand]] = {}
@@ -212,6 +212,8 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             if pool.paused or free[pid] <= 0 or pool.name in capped:
                 continue
             limit = min(free[pid] + (CAP_PASS if pid in passes else 0), LINE_BATCH)
+            if pool.name in rated.rates:  # no more rows than its rates can admit now
+                limit = min(limit, rated.room(pool.name))
             query = Demand.objects.line(pid).select_related("entry")
             if done or passed:  # rows handled earlier in this pass are not written back yet
                 query = query.exclude(entry_id__in=done | passed)
@@ -402,26 +404,37 @@ def _expire(entries: list[QueueEntry], now: datetime) -> list[Finished]:
 
 class _CapRoom:
     """Free slots of workflow-cap pools during a pass: from the pass for locked pools, read
-    once (without a lock: it only orders, it never admits) for the others."""
+    once (without a lock: it only orders, it never admits) for the others. A task pool
+    whose rate has no room now (``@pooled(rate=...)``) holds its calls back as a full
+    one does."""
 
-    def __init__(self, pools: dict[str, Pool], free: dict[int, int]) -> None:
+    def __init__(
+        self, pools: dict[str, Pool], free: dict[int, int], rated: windows.Windows
+    ) -> None:
         self.pools = pools
         self.free = free
+        self.rated = rated
         self.unlocked: dict[str, int] = {}
 
     def holds_back(self, entry: QueueEntry) -> bool:
-        """True if a cap pool of ``entry`` has less room than the entry asks of it."""
+        """True if a cap pool of ``entry`` has less room than the entry asks of it, or a
+        rate without room now."""
         caps = {n: s for n, s in entry.demand.items() if gate_rank(n) < NAMED_RANK}
         if not caps:
             return False
         missing = [n for n in caps if n not in self.pools and n not in self.unlocked]
         if missing:
-            rows = Pool.objects.filter(name__in=missing).values_list("name", "slots", "held")
-            self.unlocked.update({name: slots - held for name, slots, held in rows})
+            for unlocked in Pool.objects.filter(name__in=missing).only(
+                "name", "slots", "held", "rate", "admissions"
+            ):
+                room = unlocked.slots - unlocked.held
+                if room > 0 and windows.next_opening(unlocked) is not None:
+                    room = 0
+                self.unlocked[unlocked.name] = room
         for name, slots in caps.items():
             pool = self.pools.get(name)
             room = self.free[pool.pk] if pool is not None else self.unlocked.get(name, 0)
-            if room < slots:
+            if room < slots or (pool is not None and self.rated.opens_at(name) is not None):
                 return True
         return False
 

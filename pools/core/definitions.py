@@ -37,7 +37,9 @@ from pools.models import (
 )
 from pools.specs import refuse_reserved, validate_pool_name, validate_pool_pattern, validate_slots
 
-_FIELDS = {
+#: Fields of a pool that settings, the admin and :func:`update_pool` may set (the name is
+#: fixed: entries name it).
+EDITABLE = (
     "slots",
     "max_queued",
     "paused",
@@ -48,7 +50,8 @@ _FIELDS = {
     "aging_seconds",
     "spend_cap",
     "rate",
-}
+)
+_FIELDS = set(EDITABLE)
 #: Fields whose change gives the waiting entries new places (:func:`strategies.rerank`).
 _ORDER_FIELDS = ("strategy", "aging_seconds")
 #: Per-key pools retired per sweep (the next sweep takes the rest).
@@ -554,20 +557,6 @@ def set_paused(name: str, paused: bool, *, actor: str | None = None) -> bool:
 
 
 # --------------------------------------------------------------------------- pool CRUD (API)
-
-#: Fields of a pool that :func:`update_pool` may change (the name is fixed: entries name it).
-EDITABLE = (
-    "slots",
-    "max_queued",
-    "paused",
-    "description",
-    "overflow",
-    "paused_policy",
-    "strategy",
-    "aging_seconds",
-    "spend_cap",
-    "rate",
-)
 
 
 def validate_fields(values: dict[str, Any]) -> dict[str, Any]:

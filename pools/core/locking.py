@@ -235,6 +235,23 @@ def unavailable_on_error(what: str) -> Iterator[None]:
 _depth = threading.local()
 
 
+def drop_broken_connection() -> None:
+    """Close Django's connection if its last statement failed and it no longer works.
+
+    Long-lived processes keep their connection: beat and scripts calling pooled tasks, and
+    Celery pool processes (``CELERY_DB_REUSE_MAX`` keeps a connection for that many tasks,
+    dead or alive, and nothing else checks it). After a PostgreSQL restart every later
+    call would fail on "the connection is closed"; with this the next one reconnects. The
+    gate calls it after a refused call, workers before every task pools runs (pooled bodies,
+    settles, sweeps, wake-ups). It costs an attribute read unless a statement failed;
+    inside the caller's own transaction it leaves the connection alone.
+    """
+    if connection.connection is None or connection.in_atomic_block:
+        return
+    if connection.errors_occurred and not connection.is_usable():
+        connection.close()
+
+
 @contextmanager
 def _mysql_session_bound() -> Iterator[None]:
     """Set the session bound for the block and restore the session's values after it."""

@@ -16,6 +16,12 @@ backfill). For a rate ``N/W`` the window is sliding and exact: an admission at t
 is allowed iff fewer than ``N`` admissions of the pool happened in ``(t - W, t]``, so no
 window of length ``W`` ever holds more than ``N`` admissions.
 
+**Task rates.** ``@pooled(rate="20/s")`` puts the rate on the task's own pool
+``task-cap:<task>`` (with ``max_running`` as its slots, if given; unlimited otherwise),
+the global counterpart of Celery's per-worker ``rate_limit``. As for a task cap, a call
+waiting for its task's rate is not yet in the lines of the named pools it also asks for
+(ordered gates): it does not hold those lines up.
+
 **How (the ring).** Per pool and per rate, a ring of ``N`` marks (:class:`~pools.models.
 RateMark`, rows ``(pool, rate_index, slot, at)``) holds the times of the pool's last ``N``
 admissions, keyed by the pool's admission counter ``Pool.admissions``: admission number

@@ -26,7 +26,7 @@ from typing import Any
 from django.db.models import Case, CharField, Count, F, OuterRef, Q, QuerySet, Subquery, When
 from django.utils import timezone
 
-from pools.core import explain, spendcap
+from pools.core import explain, rates, spendcap
 from pools.core.explain import PoolView
 from pools.exceptions import UnknownPool
 from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
@@ -103,6 +103,8 @@ class PoolSnapshot:
     #: Daily spend cap in slot-seconds (``None``: no cap) and the spend of today (UTC).
     spend_cap: float | None = None
     spent_today: float = 0.0
+    #: Rate limits on starts (``["10/s", "100000/d"]``; empty: none; :mod:`pools.core.rates`).
+    rate: list[str] = field(default_factory=list)
     #: Removed from settings while it held or queued work: deleted once empty.
     retiring: bool = False
     #: Unfinished entries per demand state (``waiting``, ``admitted``, ``running``, ...).
@@ -353,6 +355,7 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
                 aging_seconds=p.aging_seconds,
                 spend_cap=p.spend_cap,
                 spent_today=spendcap.spent(p) if p.spend_cap is not None else 0.0,
+                rate=rates.as_list(p.rate),
                 retiring=p.retiring,
                 held=view.held,
                 waiting=counts[p.pk]["waiting"],

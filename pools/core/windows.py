@@ -19,6 +19,8 @@ from pools.models import Pool, QueueEntry, RateMark
 
 #: Marks read per query when the pass needs the next slots of a ring.
 CHUNK = 256
+#: :meth:`Windows.room` of a pool without a rate.
+UNBOUNDED = 2**31
 
 
 class Windows:
@@ -83,6 +85,14 @@ class Windows:
             latest = opens if latest is None or opens > latest else latest
         return latest
 
+    def room(self, name: str) -> int:
+        """At most how many more entries pool ``name`` may admit in this pass by its rates
+        (at least 1: a closed window still reads its head, for the wake-up)."""
+        if name not in self.rates or self.opens_at(name) is not None:
+            return 1 if name in self.rates else UNBOUNDED
+        taken = self.taken.get(name, 0)
+        return max(1, min(rate.count - taken for rate in self.rates[name]))
+
     def blocked(self, entry: QueueEntry) -> dict[str, datetime]:
         """The rated pools of ``entry`` without room now, with when each opens (db clock)."""
         out = {}
@@ -116,12 +126,15 @@ class Windows:
                     )
         if not rows:
             return
+        # An upsert: the slot's row is overwritten (MariaDB/MySQL name no conflict target).
         target = (
-            {"unique_fields": ["pool", "rate_index", "slot"]}
+            ["pool", "rate_index", "slot"]
             if connection.features.supports_update_conflicts_with_target
-            else {}
+            else None
         )
-        RateMark.objects.bulk_create(rows, update_conflicts=True, update_fields=["at"], **target)
+        RateMark.objects.bulk_create(
+            rows, update_conflicts=True, update_fields=["at"], unique_fields=target
+        )
 
 
 def reset(pool: Pool) -> None:

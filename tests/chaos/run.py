@@ -37,13 +37,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pools.celery import processes
 from pools.celery.processes import Process
+from tests.chaos.check import Body
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("sigkill", "sigstop", "pg_restart", "redis_restart", "cancel_burst")
@@ -82,6 +83,8 @@ class Run:
     workers: list[Process] = field(default_factory=list)
     beat: Process | None = None
     keys: list[str] = field(default_factory=list)
+    #: When each call was sent (``time.time()``, the bodies' clock).
+    submitted_at: dict[str, float] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
     submit_retries: int = 0
     #: Workers (and beats) that exited by themselves and were started again, as a process
@@ -295,8 +298,10 @@ def submit(run: Run, name: str, millis: int, tick: Callable[[], None] = lambda: 
     deadline = time.monotonic() + 120
     while True:
         try:
+            sent = time.time()
             result = current_app.send_task(name, args=[millis])
             run.keys.append(result.id)
+            run.submitted_at[result.id] = sent
             return
         except PoolUnavailable:  # PostgreSQL restarting: the caller retries
             run.submit_retries += 1
@@ -471,10 +476,22 @@ def unfinished_results(run: Run, timeout: float) -> list[str]:
     return pending
 
 
-def recovery(fault: Fault, starts: list[float]) -> float | None:
-    """Seconds from the fault until the next body start after it ended."""
-    after = [t for t in starts if t >= fault.ended]
-    return min(after) - fault.started if after else None
+def _seconds(value: float | None) -> str:
+    return "(nothing waiting)" if value is None else f"after {value:.1f}s"
+
+
+def recovery(
+    fault: Fault, bodies: Sequence[Body], submitted_at: Mapping[str, float]
+) -> float | None:
+    """Seconds from the fault until the next body start after it ended, counting only work
+    that was already waiting when it ended (a call sent before then whose body starts
+    after it). None when nothing was waiting: an idle stretch is not a slow recovery."""
+    waited = [
+        b.start
+        for b in bodies
+        if b.start >= fault.ended and submitted_at.get(b.key, float("inf")) < fault.ended
+    ]
+    return min(waited) - fault.started if waited else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -565,8 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     bodies = read_bodies(workdir / "bodies")
     violations = check(bodies, POOLS)
     peaks = max_overlap(bodies)
-    starts = sorted(b.start for b in bodies)
-    recoveries = [(r, f.kind) for f in run.faults if (r := recovery(f, starts)) is not None]
+    recoveries = [
+        (r, f.kind) for f in run.faults if (r := recovery(f, bodies, run.submitted_at)) is not None
+    ]
     slowest = max(recoveries, default=(0.0, "-"))
     kinds = Counter(f.kind for f in run.faults)
     overlap = ", ".join(f"{p} {peaks.get(p, (0, 0))[0]}/{c}" for p, c in POOLS.items())
@@ -589,8 +607,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"VIOLATION: {line}")
     for fault in run.faults:
         print(
-            f"  fault {fault.kind:<13} at {fault.at:4.0%} done, took {fault.ended - fault.started:4.1f}s"
-            f" {fault.detail}"
+            f"  fault {fault.kind:<13} at {fault.at:4.0%} done, took {fault.ended - fault.started:4.1f}s,"
+            f" recovered {_seconds(recovery(fault, bodies, run.submitted_at))} {fault.detail}"
         )
     if pending:
         print(f"results not final (first 5): {pending[:5]}")

@@ -9,10 +9,13 @@ found by the sweep, expiries, admission passes, a clock that moves, and the pool
 capacity changes that drain, pause and resume, overflow and paused policies, ``forbid``
 entries of a job and entries pinned to a worker that is or is not live; the strategies
 ``priority`` (with and without aging), ``fifo``, ``lifo`` and ``fair`` with fairness keys,
-and changes of strategy while entries wait) once through the
+and changes of strategy while entries wait; a pool with two rates, changes of rates)
+once through the
 PostgreSQL stored functions (``SQL_FAST_PATH=True``) and once through the ORM path, on
-the same test database emptied in between. The clock is fake (``timezone.now``), so both
-runs see the same times.
+the same test database emptied in between. The clock is fake (``timezone.now``, and the
+database clock of the rate windows, ``pools.core.rates.db_now``), so both runs see the
+same times. (Rated pools are decided by the Python pass on both paths: the function
+hands them over; this holds the hand-over and the shared state to the contract.)
 
 After every step both runs must agree on: the exception class raised (or none), the
 value returned, what was handed to the bridge (publishes, finished entries,
@@ -44,7 +47,7 @@ from pools import signals
 from pools.core import admission, definitions, dispatch, leases, nodes, records, sweeps
 from pools.core.records import Submission
 from pools.exceptions import PoolError
-from pools.models import Demand, EventKind, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, EventKind, Pool, PoolEvent, QueueEntry, RateMark
 from pools.specs import PoolSpec
 from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
@@ -66,13 +69,14 @@ SEEDS = (
     else [int(s) for s in _SEEDS.split(",")]
 )
 #: The pools: name -> (slots, max_queued).
-POOLS = {"a": (2, None), "b": (1, None), "c": (3, 2), "d": (1, 1)}
+POOLS = {"a": (2, None), "b": (1, None), "c": (3, 2), "d": (1, 1), "e": (3, None)}
 #: Their strategies at the start (changed by ``pool`` operations, but "a" stays ``fair``).
 STRATEGIES: dict[str, dict[str, Any]] = {
     "a": {"strategy": "fair"},
     "b": {"strategy": "priority", "aging_seconds": 5},
     "c": {"strategy": "lifo"},
     "d": {"strategy": "priority"},
+    "e": {"strategy": "priority", "rate": "2/s,4/m"},
 }
 #: Fairness keys of submits ("" is the keyless group).
 KEYS = ["t1", "t1", "t2", "t3", ""]
@@ -178,10 +182,22 @@ def snapshot() -> dict[str, Any]:
             p.strategy,
             p.aging_seconds,
             p.fair_round,
+            p.rate,
+            p.admissions,
         )
         for p in Pool.objects.all()
     }
-    return {"entries": entries, "demands": demands, "pools": pools, "events": event_log()}
+    marks = sorted(
+        (m.pool.name, m.rate_index, m.slot, offset(m.at))
+        for m in RateMark.objects.select_related("pool")
+    )
+    return {
+        "entries": entries,
+        "demands": demands,
+        "pools": pools,
+        "marks": marks,
+        "events": event_log(),
+    }
 
 
 def event_log() -> dict[str, list[Any]]:
@@ -345,7 +361,7 @@ class Run:
         """A pool policy change through the service functions (returns nothing to compare)."""
         rng = self.rng
         name = rng.choice(list(POOLS))
-        ops = ["slots", "slots", "pause", "resume", "overflow", "paused_policy"]
+        ops = ["slots", "slots", "pause", "resume", "overflow", "paused_policy", "rate"]
         what = rng.choice([*ops, "strategy", "strategy", "aging"])
         if what == "strategy" and name != "a":  # "a" stays fair: keys compete there
             strategy = rng.choice(["priority", "fifo", "lifo", "fair"])
@@ -368,6 +384,8 @@ class Run:
             value = rng.choice([1, 2, 3, 4])
         elif what == "overflow":
             value = rng.choice(["reject", "drop_oldest", "drop_newest"])
+        elif what == "rate":
+            value = rng.choice(["", "1/s", "2/s,4/m"])
         else:
             value = rng.choice(["queue", "reject"])
 
@@ -457,7 +475,10 @@ def run_path(seed: int, fast: bool, settings: Any, rec: Any, listener: Listener)
     listener.take()
     clock = Clock()
     steps: list[Step] = []
-    with mock.patch("django.utils.timezone.now", clock):
+    with (
+        mock.patch("django.utils.timezone.now", clock),
+        mock.patch("pools.core.rates.db_now", clock),
+    ):
         for name, (slots, max_queued) in POOLS.items():
             make_pool(name, slots, max_queued=max_queued, **STRATEGIES[name])
         run = Run(seed, clock)

@@ -8,13 +8,14 @@ database's clock), as ``test_spend_cap`` moves ``admitted_at``; one test waits f
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db.models import F
 from django.utils import timezone
 
-from pools.core import admission, definitions, explain, rates, windows
+from pools.core import admission, definitions, explain, rates
 from pools.core.records import Submission
 from pools.models import EntryState, Pool, QueueEntry, RateMark
 from pools.specs import PoolSpec
@@ -155,10 +156,7 @@ def test_rates__wake_up_when_the_window_opens(recorder: RecordingBridge) -> None
     place = explain.explain_key("b").places[0]
     assert place.blocked_by == "rate_limited"
     assert place.eta is not None and abs((place.eta - waking[-1]).total_seconds()) < 1
-    assert (
-        abs((timezone.datetime.fromisoformat(place.detail["until"]) - waking[-1]).total_seconds())
-        < 1
-    )
+    assert abs((datetime.fromisoformat(place.detail["until"]) - waking[-1]).total_seconds()) < 1
 
 
 def test_rates__a_real_window_opens_on_time(recorder: RecordingBridge, admission_path: str) -> None:
@@ -240,7 +238,7 @@ def test_rates__changing_the_rates_resets_the_windows(recorder: RecordingBridge)
     assert state("c") == EntryState.ADMITTED
 
 
-def test_rates__rate_only_pool_from_settings(recorder: RecordingBridge, settings) -> None:  # type: ignore[no-untyped-def]
+def test_rates__rate_only_pool_from_settings(recorder: RecordingBridge, settings: Any) -> None:
     settings.POOLS = {
         **settings.POOLS,
         "DEFINITIONS": {
@@ -268,7 +266,7 @@ def test_rates__rate_only_pool_from_settings(recorder: RecordingBridge, settings
 
 def test_rates__per_key_pools_take_their_template_rate(
     recorder: RecordingBridge,
-    settings,  # type: ignore[no-untyped-def]
+    settings: Any,
 ) -> None:
     settings.POOLS = {**settings.POOLS, "TEMPLATES": {"tenant:{tenant_id}": {"rate": "2/m"}}}
     pool = definitions.ensure_pool("tenant:7", "tenant:{tenant_id}")
@@ -305,3 +303,59 @@ def test_rates__task_rate_lives_on_the_task_pool_with_max_running(
         admission.enqueue(Submission(key=key, task_name="tests.rated", spec=spec))
     assert admitted("a", "b", "c") == ["a"]  # 1/s binds
     assert explain.explain_key("b").blocked_by == "rate_limited"
+
+
+@pytest.mark.postgres
+def test_rates__concurrent_submits_never_exceed_the_window(
+    recorder: RecordingBridge, admission_path: str
+) -> None:
+    """Six threads (six connections) submit 30 entries at once: exactly 7 start."""
+    import threading
+
+    from django.db import connection
+
+    make_pool("p", rates.UNLIMITED_SLOTS, rate="7/m")
+    barrier = threading.Barrier(6)
+    errors: list[BaseException] = []
+
+    def burst(n: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(5):
+                submit("p", key=f"t{n}-{i}")
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=burst, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert QueueEntry.objects.filter(state=EntryState.ADMITTED).count() == 7
+    assert QueueEntry.objects.filter(state=EntryState.WAITING).count() == 23
+    assert Pool.objects.get(name="p").admissions == 7
+    assert RateMark.objects.filter(pool__name="p").count() == 7
+    age("p", 60)
+    assert len(admission.admit(["p"])) == 7
+
+
+def test_rates__calls_held_by_their_task_rate_do_not_block_the_named_pool(
+    recorder: RecordingBridge, admission_path: str
+) -> None:
+    """Gates are ordered (run cap, task pool, named pools): a call waiting for its task's
+    rate is not in the named pool's line yet, so other tasks' calls pass it there."""
+    from pools.celery import caps
+
+    make_pool("wh", 5)
+    spec = PoolSpec.build("wh", rate="1/m").with_task_cap("tests.rated")
+    caps.ensure_caps(spec, again=True)
+    for key in ("r1", "r2"):
+        admission.enqueue(Submission(key=key, task_name="tests.rated", spec=spec))
+    submit("wh", key="other")
+    assert admitted("r1", "r2", "other") == ["r1", "other"]
+    assert explain.explain_key("r2").blocked_by == "rate_limited"
+    age("task-cap:tests.rated", 60)
+    assert [a.key for a in admission.admit(["task-cap:tests.rated", "wh"])] == ["r2"]

@@ -60,3 +60,23 @@ def test_countdown_call_while_the_broker_is_down__is_kept_and_does_not_fail(
     assert QueueEntry.objects.filter(key=result.id).exists()
     assert "pools.admit" in sent, "the call asked for a timed wake-up"
     assert "the next sweep admits them" in caplog.text
+
+
+@pytest.mark.parametrize("task", ["sweep", "admit"])
+def test_pools_tasks_after_the_connection_died__fail_once_then_reconnect(task: str) -> None:
+    """A worker process keeps its connection between tasks (CELERY_DB_REUSE_MAX): after a
+    PostgreSQL restart its sweeps failed on "the connection is closed" until the process
+    was replaced (the chaos runner saw five minutes without a sweep)."""
+    from django.db import OperationalError
+
+    from pools.celery import tasks
+
+    def run() -> object:
+        return tasks.sweep() if task == "sweep" else tasks.admit(["warehouse"])
+
+    _kill_our_backend()
+    with pytest.raises(OperationalError):
+        run()
+    assert connection.errors_occurred
+    run()  # reconnects instead of failing again
+    run()

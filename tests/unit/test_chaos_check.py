@@ -76,3 +76,21 @@ def test_read_bodies__pairs_start_and_end_lines(tmp_path: Path) -> None:
     first, second = read_bodies(tmp_path)
     assert (first.start, first.end, first.valid_until, first.holds_until) == (1.0, 2.0, 5.0, 2.0)
     assert (second.end, second.holds_until) == (None, 4.5)
+
+
+def test_recovery__counts_from_the_fault_to_the_next_start_of_work_that_was_waiting() -> None:
+    from tests.chaos.run import Fault, recovery
+
+    fault = Fault(kind="sigkill", at=0.5, started=10.0, ended=11.0)
+    bodies = [body(1, 5, 6, 20), body(2, 14, 15, 30), body(3, 12, 13, 30)]
+    # k3 was sent after the fault ended (an idle pool picking up new work), k2 before it.
+    submitted = {"k1": 1.0, "k2": 9.0, "k3": 11.5}
+    assert recovery(fault, bodies, submitted) == 4.0
+
+
+def test_recovery__is_none_when_nothing_was_waiting() -> None:
+    from tests.chaos.run import Fault, recovery
+
+    fault = Fault(kind="sigkill", at=0.99, started=10.0, ended=11.0)
+    bodies = [body(1, 5, 6, 20), body(2, 240, 241, 300)]
+    assert recovery(fault, bodies, {"k1": 1.0, "k2": 239.0}) is None

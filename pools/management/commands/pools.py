@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from pools.core import admission, definitions, snapshots, sweeps
+from pools.core import admission, definitions, rates, snapshots, sweeps
 from pools.core.snapshots import PoolSnapshot
 from pools.exceptions import PoolError
 
@@ -28,7 +28,11 @@ def summary_line(s: PoolSnapshot) -> str:
     if s.strategy != "priority" or s.aging_seconds is not None:
         aging = f", aging {s.aging_seconds}s" if s.aging_seconds is not None else ""
         flag += f" ({s.strategy}{aging})"
+    if s.rate:
+        flag += f" (rate {', '.join(s.rate)})"
     cap = s.capacity or s.slots
+    if cap >= rates.UNLIMITED_SLOTS:  # a rate alone: starts are limited, not slots
+        return f"{s.name:<20} {s.held} held (no slot limit), {s.waiting} waiting{flag}"
     return (
         f"{s.name:<20} {bar(s.held, cap)} {s.held}/{cap} held, {s.free} free, "
         f"{s.waiting} waiting{flag}"
