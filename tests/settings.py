@@ -132,7 +132,11 @@ if os.environ.get("POOLS_TEST_DEFAULT_POOL"):
     POOLS["DEFAULT_POOL"] = json.loads(os.environ["POOLS_TEST_DEFAULT_POOL"])
 
 # Extra task modules for the fault-tolerance acceptance tests.
-CELERY_IMPORTS = ["tests.testapp.fault_tasks", "tests.browser.tasks"]  # + the browser scenario
+CELERY_IMPORTS = [
+    "tests.testapp.fault_tasks",
+    "tests.browser.tasks",  # the browser scenario
+    "tests.testapp.rate_tasks",  # the rate-limit acceptance tests (issue 17)
+]
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 # The REST API's OpenAPI schema (drf-spectacular, the "api" extra).

@@ -60,7 +60,8 @@ def add_arguments(parser: ArgumentParser) -> None:
         "--workloads",
         type=_workloads,
         default=d.workloads,
-        help=f"comma-separated, from {','.join(WORKLOADS)} (default: all)",
+        help=f"comma-separated, from {','.join(WORKLOADS)} "
+        f"(default: {','.join(d.workloads)}; 'rates' runs when named)",
     )
     parser.add_argument(
         "--full",
@@ -130,6 +131,12 @@ def add_arguments(parser: ArgumentParser) -> None:
         type=_positive,
         default=None,
         help=_size_help("memory_tasks", "tasks each memory worker runs before RSS is read"),
+    )
+    parser.add_argument(
+        "--rate-tasks",
+        type=_positive,
+        default=d.rate_tasks,
+        help=f"rates: tasks through the 20/s pool and through Celery's rate_limit ({d.rate_tasks})",
     )
     parser.add_argument(
         "--workers", type=_positive, default=d.workers, help=f"main workers ({d.workers})"

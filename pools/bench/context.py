@@ -10,7 +10,9 @@ from typing import Any
 from pools.bench.workers import Fleet, Worker
 
 #: Every workload, in the order they run.
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "memory")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "memory", "rates")
+#: The workloads a run without ``--workloads`` runs (``rates`` is asked for by name).
+DEFAULT_WORKLOADS = WORKLOADS[:-1]
 
 
 #: The sizes, by preset. ``default`` (the :class:`Options` defaults, on PostgreSQL and other
@@ -52,7 +54,7 @@ class Options:
     """
 
     #: Workloads to run, from :data:`WORKLOADS`.
-    workloads: tuple[str, ...] = WORKLOADS
+    workloads: tuple[str, ...] = DEFAULT_WORKLOADS
     #: Repetitions of each measurement (the report shows the median, min and max).
     reps: int = 3
     #: W1: no-op tasks per repetition; and tasks with a 20 ms body.
@@ -73,6 +75,8 @@ class Options:
     recipe_redis: str | None = None
     #: Memory: tasks each memory worker runs before its RSS is read.
     memory_tasks: int = 300
+    #: ``rates``: tasks through the ``"20/s"`` pool, and through Celery's ``rate_limit``.
+    rate_tasks: int = 300
     #: Main workers and the prefork concurrency of each.
     workers: int = 2
     concurrency: int = 4

@@ -4,7 +4,7 @@ Run against a scratch PostgreSQL database (tables created by ``migrate``)::
 
     POOLS_TEST_DB=postgres POOLS_PG_NAME=pools_bench DJANGO_SETTINGS_MODULE=tests.settings \\
         python -m pools.bench.core [--procs 1,4,16] [--cycles 2000] [--reps 3]
-            [--strategy priority|fifo|lifo|fair] [--depths 0,10000,100000]
+            [--strategy priority|fifo|lifo|fair] [--depths 0,10000,100000] [--rate 100000/s]
 
 ``N`` processes (``--procs``) each run ``--cycles / N`` times *enqueue -> start -> settle*
 on one pool of ``N`` slots, through the public service functions (``admission.enqueue``,
@@ -25,6 +25,10 @@ per task of the client processes and of their PostgreSQL backends (``/proc``). T
 100 fairness keys). ``--depths`` runs everything again with that many entries already
 waiting in the pool's line, placed behind every round and priority the run reaches (as
 W3 does for the whole stack): the admission cost should not grow with the line.
+
+``--rate`` gives the pool a rate (``"N/s|m|h|d"``, or several separated by commas): with
+one no run reaches (``100000/s``) every admission checks and records it but none is
+refused, so the figures beside a run without ``--rate`` are what the rate check costs.
 """
 
 from __future__ import annotations
@@ -229,7 +233,13 @@ def _fill(depth: int, procs: int) -> None:
 
 
 def run_once(
-    procs: int, cycles: int, own: bool = True, *, strategy: str = "priority", depth: int = 0
+    procs: int,
+    cycles: int,
+    own: bool = True,
+    *,
+    strategy: str = "priority",
+    depth: int = 0,
+    rate: list[str] | None = None,
 ) -> dict[str, Any]:
     """One repetition with ``procs`` processes and ``cycles`` tasks in all."""
     from django.db import connections
@@ -238,6 +248,10 @@ def run_once(
 
     _reset()
     Pool.objects.create(name=POOL, slots=procs + 1, strategy=strategy, paused=True)
+    if rate:
+        from pools.bench import rates
+
+        rates.set_rate(POOL, rate if len(rate) > 1 else rate[0])
     if depth:
         _fill(depth, procs)
     Pool.objects.filter(name=POOL).update(slots=procs, paused=False)
@@ -273,6 +287,7 @@ def run_once(
         "procs": procs,
         "strategy": strategy,
         "depth": depth,
+        "rate": rate,
         "connection": "own" if own else "django",
         "tasks": total,
         "seconds": round(elapsed, 3),
@@ -303,7 +318,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--strategy", choices=["priority", "fifo", "lifo", "fair"])
     parser.add_argument("--depths", default="0", help="entries already waiting, e.g. 0,100000")
+    parser.add_argument(
+        "--rate", default=None, help="the pool's rate(s), e.g. 100000/s (one that never binds)"
+    )
     opts = parser.parse_args(argv)
+    rate = [r.strip() for r in opts.rate.split(",") if r.strip()] if opts.rate else None
     import django
 
     django.setup()
@@ -312,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "cycles": opts.cycles,
         "reps": opts.reps,
         "strategy": strategy,
+        "rate": rate,
         "by_procs": {},
     }
     try:
@@ -324,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         opts.connection == "own",
                         strategy=strategy,
                         depth=depth,
+                        rate=rate,
                     )
                     for _ in range(opts.reps)
                 ]

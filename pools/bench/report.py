@@ -165,6 +165,7 @@ def _rows(r: dict[str, Any]) -> list[Row]:
         if key in w4:
             rows.append(("W4", label, w4[key], "tasks/s", "", None))
     rows += _w5_rows(r.get("W5") or {})
+    rows += _rates_rows(r.get("rates") or {})
     mem = r.get("memory") or {}
     if "child_overhead" in mem:
         rows += [
@@ -179,6 +180,85 @@ def _rows(r: dict[str, Any]) -> list[Row]:
                 _at_most(mem["child_overhead"], 10 * MIB),
             ),
         ]
+    return rows
+
+
+def _rates_rows(rates: dict[str, Any]) -> list[Row]:
+    """Our rate beside Celery's per-worker ``rate_limit``; the cost of a rate that never binds."""
+    if "pool_max_in_window" not in rates:
+        return []
+    limit = rates["limit"]
+    count = int(limit.split("/")[0])
+    rows: list[Row] = []
+    if "admissions_max_in_window" in rates:
+        rows.append(
+            (
+                "rates",
+                f"pool {limit}: most admissions in any 1 s (db clock)",
+                rates["admissions_max_in_window"],
+                "starts",
+                f"<= {count}",
+                _at_most(rates["admissions_max_in_window"], count, "max"),
+            )
+        )
+    rows += [
+        (
+            "rates",
+            f"pool {limit}: most body starts in any 1 s",
+            rates["pool_max_in_window"],
+            "starts",
+            "",
+            None,
+        ),
+        (
+            "rates",
+            f"pool {limit}: achieved starts/s",
+            rates["pool_achieved_per_s"],
+            "tasks/s",
+            f">= {0.9 * count:g}",
+            _at_least(rates["pool_achieved_per_s"], 0.9 * count, "min"),
+        ),
+        (
+            "rates",
+            f"Celery rate_limit={limit}: most starts in any 1 s",
+            rates["celery_max_in_window"],
+            "starts",
+            "",
+            None,
+        ),
+        (
+            "rates",
+            f"Celery rate_limit={limit}: achieved starts/s",
+            rates["celery_achieved_per_s"],
+            "tasks/s",
+            "",
+            None,
+        ),
+    ]
+    cost = rates.get("cost") or {}
+    if "none_per_s" in cost:
+        rows += [
+            ("rates", "no-op tasks/s, no rate", cost["none_per_s"], "tasks/s", "", None),
+            (
+                "rates",
+                f"no-op tasks/s, rate {cost['rate']} (never binds)",
+                cost["never_binds_per_s"],
+                "tasks/s",
+                "",
+                None,
+            ),
+        ]
+        if "python_path_per_s" in cost:
+            rows.append(
+                (
+                    "rates",
+                    "no-op tasks/s, spend cap (never binds), no rate",
+                    cost["python_path_per_s"],
+                    "tasks/s",
+                    "",
+                    None,
+                )
+            )
     return rows
 
 

@@ -49,8 +49,9 @@ def load_app(path: str) -> Any:
     app = find_app(path)
     app.set_current()
     app.set_default()
-    from pools.bench import tasks  # noqa: F401  (registers the bench tasks on the app)
+    from pools.bench import tasks  # registers the bench tasks on the app
 
+    tasks.route_wakeups(app, POOLED_QUEUE)
     return app
 
 
@@ -121,7 +122,7 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
 
 
 def _workload(ctx: Context, name: str, redis_url: str | None) -> dict[str, Any]:
-    from pools.bench import comparison, memory, workloads
+    from pools.bench import comparison, memory, rates, workloads
 
     if name == "W1":
         return workloads.w1_throughput(ctx)
@@ -136,6 +137,8 @@ def _workload(ctx: Context, name: str, redis_url: str | None) -> dict[str, Any]:
         return comparison.w5_recipe(ctx, redis_url)
     if name == "memory":
         return memory.memory(ctx)
+    if name == "rates":
+        return rates.rates(ctx)
     raise ValueError(f"unknown workload {name!r}")
 
 
@@ -162,6 +165,8 @@ def _start_workers(ctx: Context) -> None:
             **dict.fromkeys(many, 1),
             tasks.MULTI_A: max(1, o.total_concurrency // 2),
             tasks.MULTI_B: max(1, o.total_concurrency // 2),
+            # Its rate is set by the ``rates`` workload; the slots never bind (one per process).
+            tasks.RATE_POOL: o.total_concurrency,
         }
     )
     fleet = ctx.fleet

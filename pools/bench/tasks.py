@@ -30,6 +30,8 @@ MULTI_A, MULTI_B = "bench-multi-a", "bench-multi-b"
 MULTI_AB = f"{MULTI_A}+{MULTI_B}"
 #: W5 kill test: one pool per concurrent repetition.
 KILL_POOLS = [f"bench-kill-{n}" for n in range(5)]
+#: The ``rates`` workload: a pool with a rate (:mod:`pools.bench.rates`).
+RATE_POOL = "bench-rate"
 
 
 def span(i: int, sleep: float, retries: int = 0) -> dict[str, Any]:
@@ -55,6 +57,12 @@ def hold_if_first(hold: float) -> None:
 @shared_task(name="pools.bench.plain")
 def plain(i: int, sleep: float = 0.0) -> dict[str, Any]:
     """The same body, undecorated: plain Celery."""
+    return span(i, sleep)
+
+
+@shared_task(name="pools.bench.celery_rated", rate_limit="20/s")
+def celery_rated(i: int, sleep: float = 0.0) -> dict[str, Any]:
+    """The plain body with Celery's own per-worker ``rate_limit`` (the ``rates`` workload)."""
     return span(i, sleep)
 
 
@@ -89,6 +97,7 @@ POOLED: dict[str, Task] = {
         MULTI_B,
         MULTI_AB,
         *KILL_POOLS,
+        RATE_POOL,
     ]
 }
 
@@ -97,6 +106,37 @@ def pool_names() -> list[str]:
     """Every pool the benchmark may create."""
     return sorted({name for label in POOLED for name in label.split("+")})
 
+
+#: Set by the benchmark for its workers (:mod:`pools.bench.workers`): route the wake-ups.
+WAKEUPS_ENV = "POOLS_BENCH_ROUTE_WAKEUPS"
+
+
+def route_wakeups(app: Any, queue: str) -> None:
+    """Send the pools' timed wake-ups (``pools.admit``, e.g. when a rate's window opens) to
+    ``queue``, a queue the benchmark's workers consume.
+
+    The wake-up is a ``pools.admit`` message with a countdown on the default queue, which
+    the benchmark's workers do not consume (they leave the project's queues alone). Every
+    wake-up the benchmark's processes send is for a bench pool: their admission passes only
+    ever touch the bench pools.
+    """
+    route = {"pools.admit": {"queue": queue}}
+    existing = app.conf.task_routes
+    if not existing:
+        chain: tuple[Any, ...] = ()
+    elif isinstance(existing, list | tuple):
+        chain = tuple(existing)
+    else:
+        chain = (existing,)
+    app.conf.task_routes = (route, *chain)
+    app.amqp.flush_routes()
+    app.amqp.router = app.amqp.Router()
+
+
+if os.environ.get(WAKEUPS_ENV):
+    from celery import current_app
+
+    route_wakeups(current_app, os.environ[WAKEUPS_ENV])
 
 # The recipe's task lives with its semaphore; imported here so ``--include`` registers it.
 from pools.bench import recipe  # noqa: E402,F401

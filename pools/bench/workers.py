@@ -141,9 +141,11 @@ def _app_root(app_path: str) -> str:
 def _worker_env() -> dict[str, str]:
     """This process's environment, with the settings module and import path it runs with."""
     from pools.bench.runner import settings_module
+    from pools.bench.tasks import WAKEUPS_ENV
 
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = settings_module()
+    env[WAKEUPS_ENV] = POOLED_QUEUE  # timed wake-ups of the bench pools: to a bench queue
     # The directory of manage.py (sys.path[0]) is where the project package lives.
     paths = [p for p in (sys.path[0], os.getcwd()) if p]
     env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
