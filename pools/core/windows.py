@@ -12,13 +12,14 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
 from django.db import connection
+from django.db.models import Q
 from django.utils import timezone
 
 from pools.core import rates
 from pools.models import Pool, QueueEntry, RateMark
 
 #: Marks read per query when the pass needs the next slots of a ring.
-CHUNK = 256
+CHUNK = 64
 #: :meth:`Windows.room` of a pool without a rate.
 UNBOUNDED = 2**31
 
@@ -58,11 +59,17 @@ class Windows:
     def _mark(self, name: str, index: int, count: int, slot: int) -> datetime | None:
         cache = self._marks.setdefault((name, index), {})
         if slot not in cache:
-            wanted = [(slot + i) % count for i in range(min(count, CHUNK))]
-            for key in wanted:
-                cache.setdefault(key, None)
+            # The next slots of the ring, as one or two ranges (it wraps at ``count``):
+            # an index range scan, and no list of numbers to send.
+            size = min(count, CHUNK)
+            for i in range(size):
+                cache.setdefault((slot + i) % count, None)
+            end = slot + size
+            where = Q(slot__gte=slot, slot__lt=min(end, count))
+            if end > count:
+                where |= Q(slot__lt=end - count)
             rows = RateMark.objects.filter(
-                pool_id=self.pools[name].pk, rate_index=index, slot__in=wanted
+                where, pool_id=self.pools[name].pk, rate_index=index
             ).values_list("slot", "at")
             cache.update(dict(rows))
         return cache[slot]
