@@ -49,9 +49,8 @@ def load_app(path: str) -> Any:
     app = find_app(path)
     app.set_current()
     app.set_default()
-    from pools.bench import tasks  # registers the bench tasks on the app
+    from pools.bench import tasks  # noqa: F401  (registers the bench tasks on the app)
 
-    tasks.route_wakeups(app, POOLED_QUEUE)
     return app
 
 
@@ -83,6 +82,9 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
     redis_url = options.recipe_redis or (
         app.conf.broker_url if str(app.conf.broker_url or "").startswith("redis") else None
     )
+    from pools.bench import tasks
+
+    routes = tasks.route_wakeups(app, POOLED_QUEUE)
     try:
         _start_workers(ctx)
         _warm_up(ctx)
@@ -100,6 +102,7 @@ def run(options: Options, stdout: Any = None) -> dict[str, Any]:
         }
     finally:
         print("Stopping the benchmark's workers and cleaning up ...", file=sys.stderr)
+        tasks.restore_routes(app, routes)  # the calling process's app is the project's again
         ctx.fleet.stop()
         if not options.keep:
             try:

@@ -111,9 +111,10 @@ def pool_names() -> list[str]:
 WAKEUPS_ENV = "POOLS_BENCH_ROUTE_WAKEUPS"
 
 
-def route_wakeups(app: Any, queue: str) -> None:
+def route_wakeups(app: Any, queue: str) -> Any:
     """Send the pools' timed wake-ups (``pools.admit``, e.g. when a rate's window opens) to
-    ``queue``, a queue the benchmark's workers consume.
+    ``queue``, a queue the benchmark's workers consume. Returns the routes it replaced,
+    for :func:`restore_routes`.
 
     The wake-up is a ``pools.admit`` message with a countdown on the default queue, which
     the benchmark's workers do not consume (they leave the project's queues alone). Every
@@ -129,6 +130,18 @@ def route_wakeups(app: Any, queue: str) -> None:
     else:
         chain = (existing,)
     app.conf.task_routes = (route, *chain)
+    app.amqp.flush_routes()
+    app.amqp.router = app.amqp.Router()
+    return existing
+
+
+def restore_routes(app: Any, routes: Any) -> None:
+    """Put back the routes :func:`route_wakeups` replaced (its return value).
+
+    The benchmark's own process must not keep sending the project's wake-ups to the bench
+    queue after the run (a test suite that runs the benchmark goes on with other tests).
+    """
+    app.conf.task_routes = routes
     app.amqp.flush_routes()
     app.amqp.router = app.amqp.Router()
 

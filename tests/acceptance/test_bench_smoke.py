@@ -51,6 +51,9 @@ def test_bench_smoke__counts_every_task_and_cleans_up(
     monkeypatch.setenv("POOLS_LEASE_SECONDS", "3")
     monkeypatch.setenv("POOLS_SWEEP_SECONDS", "1")
     settings.POOLS = {**settings.POOLS, "LEASE_SECONDS": 3.0, "SWEEP_SECONDS": 1.0}
+    from celery import current_app
+
+    routes = current_app.conf.task_routes
     out = io.StringIO()
     call_command(
         "pools",
@@ -70,6 +73,9 @@ def test_bench_smoke__counts_every_task_and_cleans_up(
         "--worker-args=--disable-prefetch",
         stdout=out,
     )  # fmt: skip
+    # The run routed this process's wake-ups to the bench queue; later tests need them back
+    # on the default queue (test_transparency's countdown call waited 60 s for one).
+    assert current_app.conf.task_routes == routes
 
     result = json.loads((tmp_path / "bench.json").read_text())
     table = out.getvalue()
