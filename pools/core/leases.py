@@ -45,7 +45,7 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     worker = worker[:255]
     if fastpath.enabled():
         reply = fastpath.call(
-            "pools_start_v6",
+            "pools_start_v7",
             [entry_id, token, worker, now, lease, fastpath.listening()],
             what="starting a claim",
         )
@@ -67,7 +67,7 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
             state=EntryState.RUNNING,
             started_at=now,
             worker=worker,
-            lease_expires_at=Case(  # kept when 2/3 of it are left: see pools_start_v6
+            lease_expires_at=Case(  # kept when 2/3 of it are left: see pools_start_v7
                 When(
                     lease_expires_at__gte=now + timedelta(seconds=lease * 2 / 3),
                     then=F("lease_expires_at"),

@@ -2,7 +2,7 @@
 the one place their rows are decoded.
 
 Enqueue, settle+admit and start each run as one call of a function created by migration
-0014 (``pools/pg/sql/admission_v6.sql``): one round trip, so a pool's row lock is held for
+0018 (``pools/pg/sql/admission_v7.sql``): one round trip, so a pool's row lock is held for
 the time the database needs, not for a dozen client round trips. The functions implement
 the contract of ``docs/concepts/contract.md`` like :mod:`pools.core.admission` does, and hand
 anything unusual (multi-pool heads, deadlines, due multi-pool entries) back to it. They
@@ -53,9 +53,9 @@ def listening() -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Row:
-    """One row of a v6 function (``pools_out_v6``): each column has one meaning.
+    """One row of a v7 function (``pools_out_v7``): each column has one meaning.
 
-    ``kind`` says which columns are set (see the comment above ``pools_out_v6``).
+    ``kind`` says which columns are set (see the comment above ``pools_out_v7``).
     """
 
     #: refused, enqueued, settled, started, admitted, fallback, wake or event.
@@ -113,8 +113,13 @@ class Reply:
 
     @property
     def wake(self) -> dict[str, datetime]:
-        """Pools with a delayed entry due later: when to run admission again."""
-        return {r.pool: r.at for r in self.of("wake") if r.pool and r.at}
+        """Pools with a delayed entry due later or a rate window closed: when to run
+        admission again (the earlier time when a pool has both)."""
+        due: dict[str, datetime] = {}
+        for r in self.of("wake"):
+            if r.pool and r.at and (r.pool not in due or r.at < due[r.pool]):
+                due[r.pool] = r.at
+        return due
 
     @property
     def events(self) -> list[PoolEvent]:
@@ -141,7 +146,7 @@ class Reply:
 def decode(
     columns: Sequence[str], rows: Sequence[Sequence[Any]], *, committed: bool = False
 ) -> Reply:
-    """Rows of a v6 function as :class:`Row` objects, by column name (``o_`` dropped)."""
+    """Rows of a v7 function as :class:`Row` objects, by column name (``o_`` dropped)."""
     names = [c[2:] if c.startswith("o_") else c for c in columns]
     unknown = set(names) - _NAMES
     if unknown:  # pragma: no cover - a function and this module disagree

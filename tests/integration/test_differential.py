@@ -13,9 +13,9 @@ and changes of strategy while entries wait; a pool with two rates, changes of ra
 once through the
 PostgreSQL stored functions (``SQL_FAST_PATH=True``) and once through the ORM path, on
 the same test database emptied in between. The clock is fake (``timezone.now``, and the
-database clock of the rate windows, ``pools.core.rates.db_now``), so both runs see the
-same times. (Rated pools are decided by the Python pass on both paths: the function
-hands them over; this holds the hand-over and the shared state to the contract.)
+database clock of the rate windows: ``pools.core.rates.db_now`` on the ORM path, the
+``pools.clock`` setting that ``pools_admit_v7`` reads instead of ``clock_timestamp()`` on
+the fast path), so both runs see the same times.
 
 After every step both runs must agree on: the exception class raised (or none), the
 value returned, what was handed to the bridge (publishes, finished entries,
@@ -34,6 +34,7 @@ import json
 import os
 import random
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -478,6 +479,7 @@ def run_path(seed: int, fast: bool, settings: Any, rec: Any, listener: Listener)
     with (
         mock.patch("django.utils.timezone.now", clock),
         mock.patch("pools.core.rates.db_now", clock),
+        _real_database_clock_after(),
     ):
         for name, (slots, max_queued) in POOLS.items():
             make_pool(name, slots, max_queued=max_queued, **STRATEGIES[name])
@@ -486,6 +488,7 @@ def run_path(seed: int, fast: bool, settings: Any, rec: Any, listener: Listener)
             op, fn = run.next_op()
             raised = None
             returned = None
+            database_clock(clock.now)
             try:
                 returned = summary(fn())
             except PoolError as exc:
@@ -494,6 +497,22 @@ def run_path(seed: int, fast: bool, settings: Any, rec: Any, listener: Listener)
                 Step(op, raised, returned, bridge_output(rec), listener.take(), snapshot())
             )
     return steps
+
+
+@contextmanager
+def _real_database_clock_after() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        database_clock(None)
+
+
+def database_clock(now: datetime | None) -> None:
+    """What the stored functions read as the database clock (``None``: the real one)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('pools.clock', %s, false)", [now.isoformat() if now else ""]
+        )
 
 
 def first_difference(sql: list[Step], orm: list[Step]) -> str | None:

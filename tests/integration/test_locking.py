@@ -6,7 +6,7 @@
 * The admission query count is pinned, and does not grow with the length of the line.
 
 Enqueue and settle run two ways on PostgreSQL: one call of a stored function
-(``pools_enqueue_v6``, ``pools_settle_v6``: the default fast path) and the portable ORM
+(``pools_enqueue_v7``, ``pools_settle_v7``: the default fast path) and the portable ORM
 path (``SQL_FAST_PATH=False``); the tests run on both (``admission_path``).
 """
 

@@ -74,7 +74,7 @@ def test_own_connection__start_and_settle_leave_djangos_connection_closed(record
     assert Pool.objects.get(name="p").held == 1
     # The calls ran as server-side prepared statements on the own connection.
     prepared = " ".join(_own_prepared())
-    assert "pools_start_v6" in prepared and "pools_settle_v6" in prepared
+    assert "pools_start_v7" in prepared and "pools_settle_v7" in prepared
 
 
 def test_own_connection__inside_djangos_transaction_the_call_joins_it(recorder, own):
