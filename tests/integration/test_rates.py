@@ -359,3 +359,38 @@ def test_rates__calls_held_by_their_task_rate_do_not_block_the_named_pool(
     assert explain.explain_key("r2").blocked_by == "rate_limited"
     age("task-cap:tests.rated", 60)
     assert [a.key for a in admission.admit(["task-cap:tests.rated", "wh"])] == ["r2"]
+
+
+@pytest.mark.postgres
+def test_rates__the_stored_functions_decide_rated_pools_themselves(
+    recorder: RecordingBridge, settings: Any
+) -> None:
+    """Fast path v7: a rated pool's single-pool heads are admitted (or held back, with a
+    wake-up) by the stored functions, never handed to the Python pass (which costs a
+    second pass per call: the figures are in docs/benchmarks.md, rate limits)."""
+    from unittest import mock
+
+    from pools.pg import fastpath
+
+    settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
+    make_pool("p", 2, rate="3/m")
+    replies: list[fastpath.Reply] = []
+    real = fastpath.call
+
+    def spy(*args: Any, **kwargs: Any) -> fastpath.Reply:
+        reply = real(*args, **kwargs)
+        replies.append(reply)
+        return reply
+
+    with mock.patch.object(fastpath, "call", spy):
+        for key in "abcde":
+            submit("p", key=key)
+        settle("a")
+        settle("b")
+    assert admitted(*"abcde") == ["c"]  # 2 slots; the third start of the minute
+    assert replies and not any(r.fallbacks for r in replies)
+    assert sum(len(r.of("admitted")) for r in replies) == 3
+    held_back = [r.wake.get("p") for r in replies if "p" in r.wake]
+    assert held_back, "no wake-up for the head held back by the rate"
+    mark = max(RateMark.objects.filter(pool__name="p").values_list("at", flat=True))
+    assert abs((held_back[-1] - (mark + timedelta(minutes=1))).total_seconds()) < 1
