@@ -390,7 +390,7 @@ def test_rates__the_stored_functions_decide_rated_pools_themselves(
     assert admitted(*"abcde") == ["c"]  # 2 slots; the third start of the minute
     assert replies and not any(r.fallbacks for r in replies)
     assert sum(len(r.of("admitted")) for r in replies) == 3
-    held_back = [r.wake.get("p") for r in replies if "p" in r.wake]
+    held_back = [r.wake["p"] for r in replies if "p" in r.wake]
     assert held_back, "no wake-up for the head held back by the rate"
     mark = max(RateMark.objects.filter(pool__name="p").values_list("at", flat=True))
     assert abs((held_back[-1] - (mark + timedelta(minutes=1))).total_seconds()) < 1
