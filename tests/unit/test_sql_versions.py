@@ -26,7 +26,7 @@ PINNED = {
     "admission_v4.sql": "8852b6cf704cf4dea38c5fbf8d1b2c5bad24d9ee3db954b0c2268dc40185608c",
     "admission_v5.sql": "01838546b02fde592f3e91e8cb68fbbd8079ebd3bd4a0aa23b9cc09958e87c11",
     "admission_v6.sql": "759075168175575d2ce32f8ed54dc59d0eefe89ccd04dcb9600bbc73fe2b50e0",
-    "admission_v7.sql": "80427dc777e4cbe5516416239bf9e96c4d2bef3d00b3bccacc74e1c9dd4000c4",
+    "admission_v7.sql": "edae5786cd7810bdd7a57f446eed6cd5540452629849715d7a88e289aa9097ac",
 }
 
 

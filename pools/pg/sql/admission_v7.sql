@@ -101,6 +101,7 @@ DECLARE
     -- Rate limits: the database clock (read at the first rated pool), the offset from it
     -- to the caller's clock, and the current pool's rates (count and window per index).
     v_clock timestamptz;
+    v_fake timestamptz;  -- the setting pools.clock (tests), else NULL
     v_offset interval;
     v_counts bigint[];
     v_windows interval[];
@@ -174,11 +175,9 @@ BEGIN
               INTO v_counts, v_windows
               FROM unnest(string_to_array(r.rate, ',')) WITH ORDINALITY AS t(x, i);
             IF v_clock IS NULL THEN
-                v_clock := COALESCE(NULLIF(current_setting('pools.clock', true), '')::timestamptz,
-                                    clock_timestamp());
-                v_offset := p_now - COALESCE(
-                    NULLIF(current_setting('pools.clock', true), '')::timestamptz,
-                    statement_timestamp());
+                v_fake := NULLIF(current_setting('pools.clock', true), '')::timestamptz;
+                v_clock := COALESCE(v_fake, clock_timestamp());
+                v_offset := p_now - COALESCE(v_fake, statement_timestamp());
             END IF;
         END IF;
         WHILE v_free > 0 LOOP
