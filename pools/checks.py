@@ -57,6 +57,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 hint="Leave HEARTBEAT_SECONDS unset (a third of the lease) or lower it.",
             )
         )
+    elif (problem := settings_.timing_violation()) is not None:
+        errors.append(
+            Error(
+                f"The lease timing rule HEARTBEAT < LEASE - FENCE_MARGIN < LEASE + "
+                f"REQUEUE_GRACE - CLOCK_SKEW does not hold: {problem}.",
+                id="pools.E005",
+                hint="Leave HEARTBEAT_SECONDS and FENCE_MARGIN_SECONDS unset (a third of the "
+                "lease each), or raise REQUEUE_GRACE_SECONDS above CLOCK_SKEW_SECONDS. See "
+                "docs/concepts/leases.md, 'The timing rule'.",
+            )
+        )
     return errors
 
 

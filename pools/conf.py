@@ -30,6 +30,15 @@ class PoolsSettings:
     HEARTBEAT_SECONDS: float | None = None
     #: Bound, in seconds, on any pool operation's lock wait (PostgreSQL ``lock_timeout``).
     LOCK_TIMEOUT_SECONDS: float = 5.0
+    #: The keeper interrupts a body whose renewal is not confirmed by this long before its
+    #: lease ends, on the worker's own monotonic clock; ``None`` means one heartbeat.
+    FENCE_MARGIN_SECONDS: float | None = None
+    #: A lapsed lease is given back (its entry re-admitted elsewhere) only this long after
+    #: its end: covers clock skew between the worker and the sweeping process.
+    REQUEUE_GRACE_SECONDS: float = 1.0
+    #: The largest difference you allow between the clocks of your machines (checked
+    #: against the grace at start-up, ``pools.E005``; NTP keeps it to milliseconds).
+    CLOCK_SKEW_SECONDS: float = 0.5
     #: Dotted path of the callable that publishes admitted entries (Celery glue by default).
     PUBLISHER: str = "pools.celery.gate.bridge"
     #: Interval of the sweep periodic task (lapsed leases, deadlines, admission safety pass).
@@ -62,17 +71,54 @@ class PoolsSettings:
         """Renewal interval in effect."""
         return self.HEARTBEAT_SECONDS or self.LEASE_SECONDS / 3
 
+    @property
+    def fence_margin_seconds(self) -> float:
+        """Fence margin in effect: the keeper interrupts at lease end minus this."""
+        if self.FENCE_MARGIN_SECONDS is None:
+            return self.heartbeat_seconds
+        return self.FENCE_MARGIN_SECONDS
+
+    def timing_violation(self) -> str | None:
+        """Why the lease timing rule does not hold, or None when it holds.
+
+        The rule (``docs/concepts/leases.md``)::
+
+            HEARTBEAT < LEASE - FENCE_MARGIN < LEASE + REQUEUE_GRACE - CLOCK_SKEW
+
+        The keeper must get a renewal in before it fences, and it must fence before the
+        earliest moment another worker can be given the claim, seen from its own clock.
+        """
+        lease, beat = self.LEASE_SECONDS, self.heartbeat_seconds
+        fence = lease - self.fence_margin_seconds
+        readmit = lease + self.REQUEUE_GRACE_SECONDS - self.CLOCK_SKEW_SECONDS
+        if not beat < fence:
+            return (
+                f"the keeper fences {fence:g}s after a confirmed renewal (LEASE_SECONDS - "
+                f"FENCE_MARGIN_SECONDS), not after the next renewal at {beat:g}s "
+                "(HEARTBEAT_SECONDS)"
+            )
+        if not fence < readmit:
+            return (
+                f"a claim may be re-admitted elsewhere {readmit:g}s after a renewal (LEASE_SECONDS "
+                f"+ REQUEUE_GRACE_SECONDS - CLOCK_SKEW_SECONDS), not after the keeper fences "
+                f"its body at {fence:g}s"
+            )
+        return None
+
 
 _DICT_KEYS = {"DEFINITIONS", "TASKS", "TEMPLATES"}
 _POSITIVE_NUMBERS = {
     "LEASE_SECONDS",
     "HEARTBEAT_SECONDS",
     "LOCK_TIMEOUT_SECONDS",
+    "FENCE_MARGIN_SECONDS",
     "SWEEP_SECONDS",
     "RETENTION_SECONDS",
     "NODE_TIMEOUT_SECONDS",
     "TEMPLATE_IDLE_SECONDS",
 }
+#: Durations that may be zero.
+_NON_NEGATIVE_NUMBERS = {"REQUEUE_GRACE_SECONDS", "CLOCK_SKEW_SECONDS"}
 _BOOLEANS = {"SQL_FAST_PATH"}
 _POSITIVE_INTEGERS = {"MAX_MESSAGE_BYTES"}
 _KNOWN = {f.name for f in fields(PoolsSettings)}
@@ -105,6 +151,14 @@ def _load() -> PoolsSettings:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise PoolConfigurationError(
                     f"settings.POOLS[{key!r}] must be a positive number of seconds, got {value!r}."
+                )
+    for key in _NON_NEGATIVE_NUMBERS:
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise PoolConfigurationError(
+                    f"settings.POOLS[{key!r}] must be a number of seconds (0 or more), "
+                    f"got {value!r}."
                 )
     for key in _POSITIVE_INTEGERS:
         if key in raw:

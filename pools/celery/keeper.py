@@ -7,6 +7,15 @@ lapse (database unreachable), the claim is *lost*: the task body is interrupted
 with :class:`~pools.exceptions.LeaseLost` so a partitioned worker stops before
 its slots can be re-issued.
 
+**Fencing by the local clock.** A renewal call can hang (a silent network partition:
+no RST, no FIN), so the fence does not wait for it to fail. Each claim carries a
+*fence time* on this process's monotonic clock: ``LEASE_SECONDS - FENCE_MARGIN_SECONDS``
+after the moment the last *confirmed* renewal (or the start) was sent. A second
+daemon thread, the watchdog, never does I/O: every :data:`WATCHDOG_SECONDS` it
+interrupts every body whose fence time has passed, whether or not the renewal
+thread is stuck in a call. The sweep re-admits a claim only ``REQUEUE_GRACE_SECONDS``
+after its lease end (see the timing rule in ``docs/concepts/leases.md``).
+
 How the body is interrupted depends on where it runs:
 
 * main thread of its process (prefork children, ``solo``): a ``SIGUSR2`` handler
@@ -44,6 +53,8 @@ from pools.exceptions import LeaseLost
 logger = logging.getLogger("pools.celery.keeper")
 
 INTERRUPT_SIGNAL = signal.SIGUSR2
+#: How often the watchdog compares fence times with the monotonic clock.
+WATCHDOG_SECONDS = 0.1
 
 
 @dataclass(kw_only=True)
@@ -51,7 +62,24 @@ class _Held:
     claim: Claim
     thread_id: int
     expires_at: datetime
+    #: ``time.monotonic()`` after which the body is interrupted unless a renewal is
+    #: confirmed first (lease end minus the fence margin, on this process's clock).
+    fence_at: float
     lost: bool = False
+
+
+def _fence_at(sent: float, expires_at: datetime | None = None) -> float:
+    """The fence time of a lease confirmed by a call sent at ``sent`` (monotonic).
+
+    ``expires_at`` (a start's lease, which may have been set at admission by another
+    process) is turned into this process's monotonic clock; a renewal's lease is
+    ``LEASE_SECONDS`` from just before it was sent, so its fence is counted from ``sent``.
+    """
+    settings = conf.get()
+    lease = settings.LEASE_SECONDS
+    if expires_at is not None:
+        lease = min(lease, (expires_at - timezone.now()).total_seconds())
+    return sent + lease - settings.fence_margin_seconds
 
 
 @dataclass(kw_only=True)
@@ -73,6 +101,7 @@ class LeaseKeeper:
         self._deferred_pools: set[str] = set()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
         self._pid = 0
         self._stopping = False
         #: Testing hook: when set, renewals fail as if the database were unreachable.
@@ -83,9 +112,13 @@ class LeaseKeeper:
         """Start renewing ``claim`` for the body running in the calling thread."""
         if threading.current_thread() is threading.main_thread():
             _install_signal_handler()
+        fence_at = _fence_at(time.monotonic(), claim.lease_expires_at)
         with self._lock:
             self._held[claim.entry_id] = _Held(
-                claim=claim, thread_id=threading.get_ident(), expires_at=claim.lease_expires_at
+                claim=claim,
+                thread_id=threading.get_ident(),
+                expires_at=claim.lease_expires_at,
+                fence_at=fence_at,
             )
         self._ensure_thread()
 
@@ -123,20 +156,51 @@ class LeaseKeeper:
 
     # ------------------------------------------------------------------ keeper thread
     def _ensure_thread(self) -> None:
-        # After a fork (prefork children) the parent's thread does not exist here.
-        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
-            return
-        self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._run, name="pools-lease-keeper", daemon=True)
-        self._thread.start()
+        """Start the renewal thread and the watchdog if they are not running here."""
+        pid = os.getpid()
+        if self._pid != pid:  # after a fork (prefork children) the parent's threads are gone
+            self._pid, self._thread, self._watchdog = pid, None, None
+        self._stopping = False
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="pools-lease-keeper", daemon=True
+            )
+            self._thread.start()
+        if self._watchdog is None or not self._watchdog.is_alive():
+            self._watchdog = threading.Thread(
+                target=self._watch, name="pools-lease-watchdog", daemon=True
+            )
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        """The watchdog: fence by the local clock. No I/O here, ever (not even logging
+        before the interrupt is sent): it must run while the renewal thread hangs."""
+        while not self._stopping:
+            time.sleep(WATCHDOG_SECONDS)
+            self.fence_overdue()
+
+    def fence_overdue(self, now: float | None = None) -> int:
+        """Interrupt every body whose renewal was not confirmed by its fence time."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            overdue = [h for h in self._held.values() if not h.lost and now >= h.fence_at]
+        for h in overdue:
+            late = now - h.fence_at
+            self._lose(
+                h,
+                "no renewal confirmed by the fence time (lease end minus FENCE_MARGIN_SECONDS, "
+                f"{late:.2f}s ago) on this worker's clock: the database is unreachable or slow",
+            )
+        return len(overdue)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the keeper thread (tests, worker shutdown); it closes its connection."""
         self._stopping = True
         self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        self._thread = None
+        for thread in (self._thread, self._watchdog):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+        self._thread = self._watchdog = None
 
     def _run(self) -> None:
         self._stopping = False
@@ -164,6 +228,7 @@ class LeaseKeeper:
             held = [h for h in self._held.values() if not h.lost]
         interval = conf.get().heartbeat_seconds
         for h in held:
+            sent = time.monotonic()
             try:
                 if self.partitioned:
                     raise DatabaseError("simulated partition (pools.testing)")
@@ -178,7 +243,9 @@ class LeaseKeeper:
             if until is None:
                 self._lose(h, "renewal refused: the entry was re-queued or settled elsewhere")
             else:
-                h.expires_at = until
+                with self._lock:
+                    h.expires_at = until
+                    h.fence_at = max(h.fence_at, _fence_at(sent))
 
     def retry_settles(self) -> None:
         """Write deferred completions; drop those whose lease has lapsed."""
@@ -211,8 +278,8 @@ class LeaseKeeper:
             if held.lost or self._held.get(held.claim.entry_id) is not held:
                 return  # already lost, or released (settled) while this pass ran
             held.lost = True
+        _interrupt(held.thread_id)  # first: logging may block, the fence must not wait
         logger.warning("Lease of entry %s lost: %s; stopping its body", held.claim.entry_id, why)
-        _interrupt(held.thread_id)
 
 
 def _reset_connection() -> None:

@@ -111,7 +111,13 @@ def check_held() -> int:
 
 
 def reclaim(now: datetime) -> int:
-    """Put entries whose lease lapsed before ``now`` back in line; returns how many."""
+    """Put entries whose lease lapsed before ``now`` back in line; returns how many.
+
+    A lease counts as lapsed ``REQUEUE_GRACE_SECONDS`` after its end: the holder's keeper
+    has interrupted the body by its end (on its own clock), the grace covers the skew
+    between that clock and this process's (the timing rule in ``docs/concepts/leases.md``).
+    """
+    now = now - grace()
     requeued = 0
     # Oldest lapse first, in a fixed order: each requeue runs a pass that may expire dead
     # heads, so the order decides what the sweep reports (and the paths must agree).
@@ -126,9 +132,15 @@ def reclaim(now: datetime) -> int:
     return requeued
 
 
+def grace() -> timedelta:
+    """How long after its end a lease counts as lapsed (``REQUEUE_GRACE_SECONDS``)."""
+    return timedelta(seconds=conf.get().REQUEUE_GRACE_SECONDS)
+
+
 def wake_at_next_lapse(now: datetime) -> datetime | None:
-    """Schedule a reclaim at the earliest lease end before the next sweep; returns its time."""
-    horizon = now + timedelta(seconds=conf.get().SWEEP_SECONDS)
+    """Schedule a reclaim at the earliest lease lapse (end + grace) before the next sweep;
+    returns its time."""
+    horizon = now + timedelta(seconds=conf.get().SWEEP_SECONDS) - grace()
     first = (
         QueueEntry.objects.held()
         .filter(lease_expires_at__lt=horizon)
@@ -138,7 +150,7 @@ def wake_at_next_lapse(now: datetime) -> datetime | None:
     )
     if first is None:
         return None
-    when: datetime = first[0] + LAPSE_MARGIN
+    when: datetime = first[0] + grace() + LAPSE_MARGIN
     dispatch.wake(sorted(first[1]), when)
     return when
 

@@ -82,8 +82,26 @@ def test_sweep__schedules_a_reclaim_at_a_lease_end_before_the_next_sweep(
     QueueEntry.objects.filter(key="soon").update(lease_expires_at=now + timedelta(seconds=2))
     QueueEntry.objects.filter(key="later").update(lease_expires_at=now + timedelta(seconds=20))
     sweeps.sweep(now)
-    # One timed wake-up, for the pool of the lease that ends before the next sweep.
-    assert recorder.wakes == [(["p"], now + timedelta(seconds=2) + sweeps.LAPSE_MARGIN)]
+    # One timed wake-up, for the pool of the lease that lapses (end + grace) before the
+    # next sweep.
+    when = now + timedelta(seconds=2) + sweeps.grace() + sweeps.LAPSE_MARGIN
+    assert recorder.wakes == [(["p"], when)]
+
+
+def test_sweep__a_lease_lapses_only_after_the_requeue_grace(
+    recorder: RecordingBridge, settings: Settings
+) -> None:
+    """The holder fences by the lease end on its own clock; others wait out the grace."""
+    settings.POOLS = {**settings.POOLS, "REQUEUE_GRACE_SECONDS": 3.0}
+    make_pool("p", 1)
+    submit("p", key="held")
+    now = timezone.now()
+    QueueEntry.objects.filter(key="held").update(lease_expires_at=now - timedelta(seconds=2))
+    token = QueueEntry.objects.get(key="held").token
+    assert sweeps.reclaim(now) == 0  # ended 2 s ago: within the grace
+    assert QueueEntry.objects.get(key="held").token == token
+    assert sweeps.reclaim(now + timedelta(seconds=1.01)) == 1  # back in line, admitted again
+    assert QueueEntry.objects.get(key="held").token != token
 
 
 def test_sweep__no_reclaim_wake_up_when_no_lease_ends_before_the_next_sweep(
