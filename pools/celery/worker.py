@@ -318,6 +318,27 @@ def _use_own_connection(**kwargs: Any) -> None:
     fastpath.use_own_connection()
 
 
+@signals.worker_process_init.connect(dispatch_uid="pools.celery.worker.socket_bounds")
+@signals.worker_init.connect(dispatch_uid="pools.celery.worker.socket_bounds_main")
+def _bound_database_sockets(**kwargs: Any) -> None:
+    """Give Django's PostgreSQL connections in workers client-side socket bounds.
+
+    Connect timeout, TCP keepalives and ``tcp_user_timeout``
+    (:func:`pools.core.locking.client_bounds`), for every key the user did not set in
+    ``OPTIONS``: renewals, settles, sweeps and task bodies on a silently partitioned
+    network then fail within a bound instead of hanging. Connections opened afterwards
+    get them (Celery's Django fix-up closes the parent's at process start).
+    """
+    from django.db import connections
+
+    for alias in connections:
+        settings_dict = connections.settings[alias]
+        if settings_dict.get("ENGINE", "").endswith("postgresql"):
+            settings_dict["OPTIONS"] = locking.bound_client_options(
+                settings_dict.get("OPTIONS") or {}
+            )
+
+
 @signals.worker_init.connect(dispatch_uid="pools.celery.worker.db_reuse")
 def _warn_about_reconnects(sender: Any = None, **kwargs: Any) -> None:
     """Celery's Django fixup closes DB connections around every task unless told otherwise."""

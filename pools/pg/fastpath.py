@@ -37,7 +37,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
 
 from pools import conf, signals
-from pools.core.locking import BOUND, bound_params, unavailable
+from pools.core.locking import BOUND, bound_client_options, bound_params, unavailable
 from pools.models import PoolEvent
 
 
@@ -254,13 +254,20 @@ def _connect() -> Any:
             for k, v in connection.get_connection_params().items()
             if k not in {"cursor_factory", "context", "prepare_threshold"}
         }
-        conn = psycopg.connect(autocommit=True, **params)  # prepare=True on each call
+        conn = psycopg.connect(autocommit=True, **_bounded(params))  # prepare=True on each call
         _own.conn, _own.pid, _own.timeout_ms = conn, os.getpid(), -1
     ms = lock_ms()
     if _own.timeout_ms != ms:
         conn.execute(f"SET statement_timeout = {ms}")  # an int: nothing to quote
         _own.timeout_ms = ms
     return conn
+
+
+def _bounded(params: dict[str, Any]) -> dict[str, Any]:
+    """Connection parameters with the client-side socket bounds (connect timeout, TCP
+    keepalives, ``tcp_user_timeout``) for the keys the user did not set: a hung socket
+    fails within a bound instead of blocking a worker forever."""
+    return bound_client_options(params)
 
 
 def own_backend_pid() -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import QuerySet
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -500,7 +500,7 @@ def test_idle_bound__set_on_pools_own_transactions_only(settings: Settings) -> N
             return str(cursor.fetchone()[0])
 
     with locking.locked_pools(["p"]):
-        assert idle_timeout() == "1500ms"  # 3 x LOCK_TIMEOUT_SECONDS
+        assert idle_timeout() == "500ms"  # LOCK_TIMEOUT_SECONDS (IDLE_BOUND_FACTOR = 1)
     with transaction.atomic(), locking.locked_pools(["p"]):
         # Inside the caller's own transaction: the caller's to bound.
         assert idle_timeout() == "0"
@@ -510,8 +510,8 @@ def test_idle_bound__a_frozen_lock_holder_loses_its_session_and_the_pool_goes_on
     recorder: RecordingBridge, settings: Settings
 ) -> None:
     """A process frozen inside a pools transaction (as SIGSTOP does) holds the pool's row
-    lock; after 3 x LOCK_TIMEOUT_SECONDS idle the server ends its session, and others
-    take the lock while it is still frozen."""
+    lock; after LOCK_TIMEOUT_SECONDS idle the server ends its session, and others take
+    the lock while it is still frozen."""
     from pools.core import locking
 
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.3)
@@ -525,9 +525,9 @@ def test_idle_bound__a_frozen_lock_holder_loses_its_session_and_the_pool_goes_on
     holder = InThread(frozen_holder)
     started = time.monotonic()
     time.sleep(0.1)
-    with pytest.raises(PoolUnavailable):  # the lock is held: the bound (0.3 s) passes
-        submit("p", key="early")
-    time.sleep(1.2)  # past the idle bound (0.9 s): the server has ended the session
+    with connection.cursor() as cursor, pytest.raises(DatabaseError):  # the lock is held
+        cursor.execute("SELECT 1 FROM pools_pool WHERE name = 'p' FOR UPDATE NOWAIT")
+    time.sleep(1.2)  # past the idle bound (0.3 s): the server has ended the session
     assert submit("p", key="late").admitted
     assert time.monotonic() - started < frozen_for  # ... while the holder still sleeps
     with pytest.raises(PoolUnavailable):  # the holder finds its session gone on waking
