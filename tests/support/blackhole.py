@@ -46,6 +46,8 @@ class BlackholeProxy:
         #: Monotonic times of the cuts and heals, for reports.
         self.cuts: list[float] = []
         self.heals: list[float] = []
+        #: Connections accepted so far (a test checks its peer really goes through).
+        self.accepted = 0
         self._acceptor = threading.Thread(target=self._accept, name="blackhole-accept", daemon=True)
         self._acceptor.start()
 
@@ -66,13 +68,19 @@ class BlackholeProxy:
 
     def close(self) -> None:
         """Close the listener and every connection (ends the peers' sessions)."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            sockets, self._sockets = list(self._sockets), set()
         self._open.set()
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (Linux)
+        with contextlib.suppress(OSError):
             self._listener.close()
-        with self._lock:
-            sockets, self._sockets = list(self._sockets), set()
         for sock in sockets:
+            # shutdown first: close() alone neither wakes a thread blocked in recv() on the
+            # socket nor sends the FIN while that call holds the file.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -88,9 +96,15 @@ class BlackholeProxy:
         self.close()
 
     # ------------------------------------------------------------------ forwarding
-    def _track(self, sock: socket.socket) -> None:
+    def _track(self, sock: socket.socket) -> bool:
+        """Remember ``sock`` to close it with the proxy; False (and closed) if closed."""
         with self._lock:
-            self._sockets.add(sock)
+            if not self._closed:
+                self._sockets.add(sock)
+                return True
+        with contextlib.suppress(OSError):
+            sock.close()
+        return False
 
     def _accept(self) -> None:
         while not self._closed:
@@ -98,7 +112,9 @@ class BlackholeProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            self._track(client)
+            if not self._track(client):
+                return
+            self.accepted += 1
             threading.Thread(
                 target=self._connect, args=(client,), name="blackhole-conn", daemon=True
             ).start()
@@ -106,14 +122,15 @@ class BlackholeProxy:
     def _connect(self, client: socket.socket) -> None:
         self._open.wait()  # a connection made during a cut waits for the heal
         if self._closed:
-            return
+            return  # closed with the proxy
         try:
             upstream = socket.create_connection(self.target)
         except OSError:
             with contextlib.suppress(OSError):
                 client.close()
             return
-        self._track(upstream)
+        if not self._track(upstream):
+            return
         for src, dst in ((client, upstream), (upstream, client)):
             threading.Thread(
                 target=self._pump, args=(src, dst), name="blackhole-pump", daemon=True

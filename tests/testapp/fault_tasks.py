@@ -245,3 +245,32 @@ def retry_always(self: Any, where: str, with_exc: bool) -> None:
     if with_exc:
         raise self.retry(exc=ValueError(f"boom on try {self.request.retries}"), countdown=0.1)
     raise self.retry(countdown=0.1)
+
+
+# --------------------------------------------------------------------------- network partition
+
+#: Pool of the network-partition tests (1 slot).
+NET_POOL = "faults-net-partition"
+
+
+@shared_task
+@pooled(NET_POOL, slots=1)
+def ticking(where: str, seconds: float, tick: float = 0.25) -> dict[str, Any]:
+    """A body that shows it is alive: a ``tick`` line every ``tick`` seconds for ``seconds``.
+
+    Lines go to ``<where>/ticks.jsonl`` with the attempt (key, token, pid, hostname): the
+    last line an attempt wrote is its last sign of life, whatever stopped it. ``LeaseLost``
+    is noted (``lost``) and re-raised.
+    """
+    ctx = _context()
+    note(where, "ticks", event="start", **ctx)
+    end = time.time() + seconds
+    try:
+        while time.time() < end:
+            note(where, "ticks", event="tick", **ctx)
+            _sleep_until(min(end, time.time() + tick))
+    except LeaseLost:
+        note(where, "ticks", event="lost", **ctx)
+        raise
+    note(where, "ticks", event="end", **ctx)
+    return ctx
