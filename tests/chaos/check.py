@@ -1,20 +1,24 @@
 """The chaos checker: pure functions over the bodies' own records.
 
-Method. A body holds its slots from its ``start`` line until the earlier of its ``end``
-line and ``valid_until`` — the end of its lease as its own process last renewed it. A body
-paused (SIGSTOP) past its lease keeps running for a moment after it resumes, until the
-keeper sees the renewal refused and interrupts it; from ``valid_until`` on it no longer
-holds a valid lease, its entry is back in line and the fencing token keeps its late writes
-out, so that tail is not counted. A SIGKILLed body writes no ``end``: it is counted until
-``valid_until``, which over-states its hold (the database too believes the slot taken until
-the lease lapses, so no other body may start on it before then).
+Method. A body is counted alive from its ``start`` line to its **last sign of life**: the
+last line it wrote (its ``end``, or the last ``tick`` a long body writes every 0.1 s; a
+SIGKILLed body writes no ``end``, its last tick is the last moment it is known to have
+run). Not to the end of its lease: a body that outlives its lease (a keeper that failed to
+fence it) is still counted, and two such bodies of one slot are a violation.
+
+One exception, a limit nothing in a process can lift: a body **paused** (SIGSTOP) cannot
+fence itself while frozen. When it resumes after its lease lapsed it runs for a moment
+until its keeper sees the renewal refused and interrupts it. A paused body is counted, as
+before, until the earlier of its last sign of life and ``valid_until`` (the end of its lease
+as its own process last renewed it): from then on its entry is back in line and the fencing
+token keeps its late writes out. The runner says which bodies were paused.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,11 +36,17 @@ class Body:
     end: float | None
     valid_until: float
     pid: int
+    #: Time of the last line it wrote (start, tick or end); None in hand-made records.
+    last: float | None = None
+    #: Paused (SIGSTOP) while it ran: counted until its lease ended (see the module doc).
+    paused: bool = False
 
     @property
     def holds_until(self) -> float:
-        """End of the interval during which this body held a valid lease."""
-        return self.valid_until if self.end is None else min(self.end, self.valid_until)
+        """End of the interval during which this body is counted alive."""
+        if self.paused or self.last is None:
+            return self.valid_until if self.end is None else min(self.end, self.valid_until)
+        return self.last
 
 
 @dataclass
@@ -54,20 +64,33 @@ class Violations:
         return self.oversubscribed + self.same_claim_twice + self.same_entry_twice
 
 
-def read_bodies(where: Path) -> list[Body]:
-    """Pair the ``start`` and ``end`` lines of every body in ``where/bodies-*.jsonl``."""
+def read_bodies(
+    where: Path, pauses: Mapping[int, Iterable[tuple[float, float]]] | None = None
+) -> list[Body]:
+    """The bodies recorded in ``where/bodies-*.jsonl`` (``start``, ``tick`` and ``end`` lines).
+
+    ``pauses``: per pid, the ``(stopped, resumed)`` times of its SIGSTOPs; a body that was
+    running (between its start and its last sign of life) during one is marked ``paused``.
+    """
     starts: dict[tuple[int, int, int], dict[str, Any]] = {}
     ends: dict[tuple[int, int, int], dict[str, Any]] = {}
+    last: dict[tuple[int, int, int], float] = {}
     for path in sorted(where.glob("bodies-*.jsonl")):
         for raw in path.read_text().splitlines():
             if not raw.strip():
                 continue
             line = json.loads(raw)
             ident = (line["entry"], line["token"], line["pid"])
-            (starts if line["kind"] == "start" else ends)[ident] = line
+            last[ident] = max(last.get(ident, line["t"]), line["t"])
+            if line["kind"] == "start":
+                starts[ident] = line
+            elif line["kind"] == "end":
+                ends[ident] = line
     bodies = []
     for ident, s in starts.items():
         e = ends.get(ident)
+        seen = last[ident]
+        windows = (pauses or {}).get(s["pid"], ())
         bodies.append(
             Body(
                 key=s["key"],
@@ -78,6 +101,8 @@ def read_bodies(where: Path) -> list[Body]:
                 end=e["t"] if e else None,
                 valid_until=e["valid_until"] if e else s["valid_until"],
                 pid=s["pid"],
+                last=seen,
+                paused=any(stop < seen and s["t"] < resume for stop, resume in windows),
             )
         )
     return sorted(bodies, key=lambda b: b.start)

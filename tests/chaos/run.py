@@ -14,11 +14,21 @@ retrying one) while ``--faults`` faults hit at random times, of these kinds:
 * ``pg_restart``: ``pg_ctlcluster ... restart``;
 * ``redis_restart``: the broker is shut down without saving (queued messages are lost)
   and started again;
-* ``cancel_burst``: up to 20 random calls are cancelled at once.
+* ``cancel_burst``: up to 20 random calls are cancelled at once;
+* ``db_partition``: a worker's PostgreSQL traffic is black-holed (no RST, no FIN: a dead
+  switch) for :data:`PARTITION_SECONDS`, then heals;
+* ``broker_partition``: the same with its broker traffic.
+
+The partition kinds put every worker behind two loopback proxies of its own
+(:class:`tests.support.blackhole.BlackholeProxy`), one to PostgreSQL, one to the broker;
+they are not in the default ``--kinds`` (opt in: ``--kinds db_partition,broker_partition``).
+``--use-running-servers`` runs against servers that are already up (``--pg-port``,
+``--redis-port``) and never starts, creates or restarts one: only with kinds that restart
+nothing.
 
 Then it waits for every entry to end, reads the bodies' own records
 (:mod:`tests.chaos.tasks`) and checks (:mod:`tests.chaos.check`): no pool ever had more
-slots held by bodies with a valid lease than its capacity, no claim ran twice at once,
+bodies alive (start to last sign of life) than its capacity, no claim ran twice at once,
 every entry ended and every ``AsyncResult`` is final. Results go to a filesystem result
 backend, which survives the broker restart. It prints one summary line and exits 1 on any
 violation. ``--seed`` reproduces the plan (times, kinds, task mix); the machine's timing
@@ -45,11 +55,21 @@ from typing import Any
 from pools.celery import processes
 from pools.celery.processes import Process
 from tests.chaos.check import Body
+from tests.support.blackhole import BlackholeProxy
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = ("sigkill", "sigstop", "pg_restart", "redis_restart", "cancel_burst")
+#: The faults of a default run.
+DEFAULT_KINDS = ("sigkill", "sigstop", "pg_restart", "redis_restart", "cancel_burst")
+#: Silent network partitions of one worker (opt-in: they put proxies in front of workers).
+PARTITION_KINDS = ("db_partition", "broker_partition")
+KINDS = (*DEFAULT_KINDS, *PARTITION_KINDS)
+#: Kinds that restart a server (refused with ``--use-running-servers``).
+RESTART_KINDS = {"pg_restart", "redis_restart"}
 LEASE_SECONDS = 3.0
 SWEEP_SECONDS = 1.0
+#: How long a partition lasts before it heals: past two leases, so the claims it cut off
+#: are re-admitted elsewhere while it lasts.
+PARTITION_SECONDS = 2 * LEASE_SECONDS + 2.0
 #: The scenario's own servers, so that restarting them disturbs nothing else on the machine.
 PG_CLUSTER = "chaos"
 
@@ -92,6 +112,12 @@ class Run:
     restarted: Counter[str] = field(default_factory=Counter)
     generation: int = 0
     faults: list[Fault] = field(default_factory=list)
+    #: Per worker (partition kinds): its PostgreSQL and broker proxies.
+    proxies: dict[str, tuple[BlackholeProxy, BlackholeProxy]] = field(default_factory=dict)
+    #: (monotonic time, proxy) of the partitions to heal.
+    heal_at: list[tuple[float, BlackholeProxy]] = field(default_factory=list)
+    #: pid -> [stopped, resumed] wall times of its SIGSTOPs (resumed 0 while paused).
+    pauses: dict[int, list[list[float]]] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -201,6 +227,18 @@ def start_worker(run: Run) -> Process:
     from celery import current_app
 
     run.generation += 1
+    env = None
+    if run.args.partitions:
+        from urllib.parse import urlsplit, urlunsplit
+
+        broker = urlsplit(run.args.broker)
+        db = BlackholeProxy("127.0.0.1", run.args.pg_port)
+        mq = BlackholeProxy(broker.hostname or "127.0.0.1", broker.port or 6379)
+        env = {
+            **os.environ,
+            "POOLS_PG_PORT": str(db.port),
+            "CELERY_BROKER_URL": urlunsplit(broker._replace(netloc=f"127.0.0.1:{mq.port}")),
+        }
     worker = processes.start_worker(
         "tests",
         node=f"chaos{run.generation}",
@@ -208,8 +246,11 @@ def start_worker(run: Run) -> Process:
         concurrency=run.args.concurrency,
         include=["tests.chaos.tasks"],
         extra_args=["-O", "fair"],
+        env=env,
         cwd=ROOT,
     )
+    if env is not None:
+        run.proxies[worker.name] = (db, mq)
 
     def ready() -> bool:
         if not worker.alive():
@@ -246,6 +287,8 @@ def supervise(run: Run) -> None:
     """
     for worker in [w for w in run.workers if not w.alive()]:
         run.workers.remove(worker)
+        for proxy in run.proxies.pop(worker.name, ()):
+            proxy.close()
         run.restarted["worker"] += 1
         start_worker(run)
     if run.beat is not None and not run.beat.alive():
@@ -321,12 +364,28 @@ def _open_bodies(run: Run) -> dict[int, float]:
     return {b.pid: b.start for b in read_bodies(run.workdir / "bodies") if b.end is None}
 
 
-def _resume(pid: int) -> None:
+def _resume(pid: int, run: Run | None = None) -> None:
     """SIGCONT a paused process (gone already if its worker was SIGKILLed meanwhile)."""
     try:
         os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
         pass
+    if run is not None:
+        for window in run.pauses.get(pid, []):
+            if not window[1]:
+                window[1] = time.time()
+
+
+def resumed_runs(run: Run, bodies: Sequence[Body]) -> list[float]:
+    """Per body paused while it ran and resumed after its lease ended: seconds it ran after
+    the SIGCONT until its last sign of life (its keeper stopping it)."""
+    out = []
+    for body in bodies:
+        for stopped, resumed in run.pauses.get(body.pid, []):
+            if resumed and body.start < stopped and body.end is not None and body.end > resumed:
+                if resumed > body.valid_until:
+                    out.append((body.last or body.end) - resumed)
+    return out
 
 
 def inject(run: Run, fault: Fault, resume_at: list[tuple[float, int]]) -> None:
@@ -347,8 +406,19 @@ def inject(run: Run, fault: Fault, resume_at: list[tuple[float, int]]) -> None:
         if pool:
             pid = run.rng.choice(sorted(pool))
             os.kill(pid, signal.SIGSTOP)
+            run.pauses.setdefault(pid, []).append([time.time(), 0.0])
             resume_at.append((time.monotonic() + LEASE_SECONDS + 1.5, pid))
             fault.detail = f"pid {pid}{' (in a body)' if busy else ''}"
+    elif fault.kind in PARTITION_KINDS:
+        behind = [w for w in live if w.name in run.proxies]
+        open_pids = set(_open_bodies(run))
+        working = [w for w in behind if open_pids & set(w.children())]
+        if behind:
+            cut_off = run.rng.choice(working or behind)
+            proxy = run.proxies[cut_off.name][0 if fault.kind == "db_partition" else 1]
+            proxy.cut()
+            run.heal_at.append((time.monotonic() + PARTITION_SECONDS, proxy))
+            fault.detail = f"{cut_off.name}{' (running a body)' if working else ''}"
     elif fault.kind == "pg_restart":
         subprocess.run(_pg_ctl("restart"), check=True, capture_output=True)
     elif fault.kind == "redis_restart":
@@ -499,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--faults", type=int, default=20)
-    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS))
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=3)
     parser.add_argument("--rate", type=float, default=60.0, help="calls submitted per second")
@@ -515,16 +585,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--redis-port", type=int, default=6380, help="the scenario's own Redis")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--use-running-servers",
+        action="store_true",
+        help="use the servers on --pg-port/--redis-port as they are: never create, start or "
+        "restart one (only with kinds that restart nothing)",
+    )
     args = parser.parse_args(argv)
     unknown = set(args.kinds.split(",")) - set(KINDS)
     if unknown:
         parser.error(f"unknown fault kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
+    if args.use_running_servers and set(args.kinds.split(",")) & RESTART_KINDS:
+        parser.error("--use-running-servers runs no fault that restarts a server")
+    args.partitions = bool(set(args.kinds.split(",")) & set(PARTITION_KINDS))
 
     args.broker = f"redis://127.0.0.1:{args.redis_port}/0"
     workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{args.seed}-"))
     run = Run(args=args, workdir=workdir, rng=random.Random(args.seed))
     configure(workdir, args)
-    ensure_services(args)
+    if not args.use_running_servers:
+        ensure_services(args)
     setup_django(args)
     began = time.monotonic()
     resume_at: list[tuple[float, int]] = []
@@ -543,7 +623,10 @@ def main(argv: list[str] | None = None) -> int:
             now = time.monotonic()
             for item in [r for r in resume_at if r[0] <= now]:
                 resume_at.remove(item)
-                _resume(item[1])
+                _resume(item[1], run)
+            for heal in [h for h in run.heal_at if h[0] <= now]:
+                run.heal_at.remove(heal)
+                heal[1].heal()
 
         while i < len(calls) or todo:
             now = time.monotonic()
@@ -564,22 +647,34 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.02)
         for at, pid in sorted(resume_at):
             time.sleep(max(at - time.monotonic(), 0))
-            _resume(pid)
+            _resume(pid, run)
         resume_at.clear()
+        for at, proxy in sorted(run.heal_at, key=lambda h: h[0]):
+            time.sleep(max(at - time.monotonic(), 0))
+            proxy.heal()
+        run.heal_at.clear()
         drain(run, args.drain_timeout)
         left = classify_left()
         unfinished = {*left.waiting, *left.held}
         pending = [k for k in unfinished_results(run, 60.0) if k not in unfinished]
     finally:
         for _, pid in resume_at:
-            _resume(pid)
+            _resume(pid, run)
+        for _, proxy in run.heal_at:
+            proxy.heal()
         processes.stop([*run.workers, *([run.beat] if run.beat else [])], timeout=15.0)
-        ensure_services(args)
+        for pair in run.proxies.values():
+            for proxy in pair:
+                proxy.close()
+        if not args.use_running_servers:
+            ensure_services(args)
 
     from tests.chaos.check import check, max_overlap, read_bodies
     from tests.chaos.tasks import POOLS
 
-    bodies = read_bodies(workdir / "bodies")
+    pauses = {pid: [(a, b or float("inf")) for a, b in w] for pid, w in run.pauses.items()}
+    bodies = read_bodies(workdir / "bodies", pauses)
+    resumed = resumed_runs(run, bodies)
     violations = check(bodies, POOLS)
     peaks = max_overlap(bodies)
     recoveries = [
@@ -601,7 +696,13 @@ def main(argv: list[str] | None = None) -> int:
         f"max overlap {overlap}; lost entries {lost}{in_line}; "
         f"results not final {len(pending)}; slowest recovery {slowest[0]:.1f}s ({slowest[1]}); "
         f"restarted by the supervisor: {dict(run.restarted) or 'none'}; "
-        f"{time.monotonic() - began:.0f}s"
+        + (
+            f"resumed past the lease: {len(resumed)} bodies, stopped {max(resumed):.2f}s "
+            "after SIGCONT at most; "
+            if resumed
+            else ""
+        )
+        + f"{time.monotonic() - began:.0f}s"
     )
     for line in violations.lines():
         print(f"VIOLATION: {line}")

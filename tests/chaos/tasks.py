@@ -1,8 +1,9 @@
 """Pooled task bodies of the chaos scenario, and their independent recorder.
 
-Every body appends two JSON lines to ``$CHAOS_DIR/bodies-<pid>.jsonl``: ``start`` (after
-its claim started) and ``end`` (in ``finally``, so a body interrupted by ``LeaseLost``
-still writes it; a SIGKILLed one does not). Each line carries the entry id, fencing token,
+Every body appends JSON lines to ``$CHAOS_DIR/bodies-<pid>.jsonl``: ``start`` (after its
+claim started), a ``tick`` every :data:`TICK_SECONDS` while it runs (its signs of life) and
+``end`` (in ``finally``, so a body interrupted by ``LeaseLost`` still writes it; a
+SIGKILLed one does not). Each line carries the entry id, fencing token,
 the pools and slots held and ``valid_until``: when the body's lease runs out as far as its
 own process knows (the claim's lease at start, the keeper's latest renewal at the end).
 The checker (:mod:`tests.chaos.check`) trusts nothing else: not the database, not the
@@ -22,6 +23,8 @@ from celery import shared_task
 from pools import current_claim, pooled
 from pools.celery.keeper import keeper
 
+#: A running body writes a ``tick`` line this often.
+TICK_SECONDS = 0.1
 #: The scenario's pools and their capacities.
 POOLS = {"chaos-a": 3, "chaos-b": 2, "chaos-c": 2}
 
@@ -63,8 +66,12 @@ def _body(kind: str, task_id: str, millis: int) -> str:
     _record("start", valid_until=valid_until, **fields)
     try:
         deadline = time.monotonic() + millis / 1000
+        tick = time.monotonic() + TICK_SECONDS
         while time.monotonic() < deadline:  # small steps: LeaseLost arrives between bytecodes
             time.sleep(0.01)
+            if time.monotonic() >= tick:
+                _record("tick", **fields)
+                tick += TICK_SECONDS
     finally:
         _record("end", valid_until=_lease_end(claim.entry_id, valid_until), **fields)
     return kind
