@@ -110,16 +110,20 @@ def set_bound(*, idle: bool = False) -> None:
     :func:`bounded_transaction` (or :func:`bounded`) sets it, and this does nothing there.
     """
     if connection.vendor == "postgresql":
-        sql, params = BOUND.rstrip("; "), bound_params()
-        if idle:
-            sql += (
-                "; SET LOCAL idle_in_transaction_session_timeout = %s"
-                "; SET LOCAL tcp_user_timeout = %s"
-            )
-            ms = int(conf.get().LOCK_TIMEOUT_SECONDS * IDLE_BOUND_FACTOR * 1000)
-            params = [*params, f"{ms}ms", f"{ms}ms"]
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(*bound_sql(idle=idle))
+
+
+def bound_sql(*, idle: bool) -> tuple[str, list[str]]:
+    """The statement (and its parameters) :func:`set_bound` sends on PostgreSQL."""
+    sql, params = BOUND.rstrip("; "), bound_params()
+    if idle:
+        sql += (
+            "; SET LOCAL idle_in_transaction_session_timeout = %s; SET LOCAL tcp_user_timeout = %s"
+        )
+        ms = int(conf.get().LOCK_TIMEOUT_SECONDS * IDLE_BOUND_FACTOR * 1000)
+        params = [*params, f"{ms}ms", f"{ms}ms"]
+    return sql, params
 
 
 #: A process frozen inside a pools transaction, or cut off from the server by a silent

@@ -309,7 +309,11 @@ def plan_tasks(run: Run) -> list[tuple[str, int]]:
     for _ in range(run.args.tasks):
         name = run.rng.choices(names, weights)[0]
         long = run.rng.random() < 0.15  # long bodies give the pauses something to pause
-        out.append((name, run.rng.randint(400, 1500) if long else run.rng.randint(10, 60)))
+        millis = run.rng.randint(400, 1500) if long else run.rng.randint(10, 60)
+        if run.args.partitions and run.rng.random() < 0.05:
+            # Bodies longer than a lease: a partition can only cut those off in time.
+            millis = run.rng.randint(int(LEASE_SECONDS * 1500), int(LEASE_SECONDS * 3000))
+        out.append((name, millis))
     return out
 
 
