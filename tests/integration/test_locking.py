@@ -501,6 +501,9 @@ def test_idle_bound__set_on_pools_own_transactions_only(settings: Settings) -> N
 
     with locking.locked_pools(["p"]):
         assert idle_timeout() == "500ms"  # LOCK_TIMEOUT_SECONDS (IDLE_BOUND_FACTOR = 1)
+        with connection.cursor() as cursor:  # the server gives up on unacknowledged data too
+            cursor.execute("SHOW tcp_user_timeout")
+            assert cursor.fetchone()[0] == "500"  # (milliseconds, shown without a unit)
     with transaction.atomic(), locking.locked_pools(["p"]):
         # Inside the caller's own transaction: the caller's to bound.
         assert idle_timeout() == "0"

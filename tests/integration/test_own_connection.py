@@ -151,3 +151,42 @@ def test_own_connection__a_forked_child_opens_its_own(recorder, own):
     assert submit("p", key="after-fork").admitted
     adm = recorder.admissions[0]
     assert leases.start(adm.entry_id, adm.token, worker="w") is not None
+
+
+def test_own_connection__bounds_its_socket_on_the_client(own: None, settings: Any) -> None:
+    """Connect timeout, keepalives and tcp_user_timeout (a hung socket fails in a bound)."""
+    settings.POOLS = {**settings.POOLS, "LOCK_TIMEOUT_SECONDS": 2.5}
+    fastpath.close_own_connection()
+    params = fastpath._connect().info.get_parameters()
+    assert params["connect_timeout"] == "3"
+    assert params["tcp_user_timeout"] == "2500"
+    assert (params["keepalives"], params["keepalives_idle"]) == ("1", "3")
+
+
+def test_client_bounds__never_override_the_users_options() -> None:
+    from pools.core.locking import bound_client_options
+
+    mine = bound_client_options({"connect_timeout": 30, "keepalives": 0, "sslmode": "require"})
+    assert (mine["connect_timeout"], mine["keepalives"], mine["sslmode"]) == (30, 0, "require")
+    assert "tcp_user_timeout" in mine and "keepalives_idle" in mine
+
+
+def test_worker_process_init__bounds_djangos_connections_too(settings: Any) -> None:
+    from django.db import connections
+
+    from pools.celery import worker
+
+    saved = dict(connections.settings["default"].get("OPTIONS") or {})
+    try:
+        connections.settings["default"]["OPTIONS"] = {**saved, "connect_timeout": 17}
+        worker._bound_database_sockets()
+        options = connections.settings["default"]["OPTIONS"]
+        assert options["connect_timeout"] == 17  # the user's own value stays
+        assert "tcp_user_timeout" in options and options["keepalives"] == 1
+        connection.close()
+        with connection.cursor() as cursor:  # Django connects with them
+            cursor.execute("SELECT 1")
+        assert connection.connection.info.get_parameters()["connect_timeout"] == "17"
+    finally:
+        connections.settings["default"]["OPTIONS"] = saved
+        connection.close()
