@@ -284,3 +284,46 @@ def test_partition__broker_black_holed_mid_body_runs_once(
     assert only["host"] == got["w1"] and only["events"][-1] == "end"
     assert got["value"]["token"] == 1
     assert max_overlap([(a["start"], a["last"]) for a in tried]) == 1
+
+
+def test_partition__sigstopped_body_is_stopped_when_it_resumes(
+    lease5: None,
+    celery_workers: StartWorkers,
+    celery_beat: Callable[[], Beat],
+    shared_dir: Path,
+) -> None:
+    """The limit: a frozen process cannot fence itself. Paused past its lease (the claim
+    re-runs elsewhere meanwhile), the body runs again on SIGCONT until its keeper's
+    watchdog, which was frozen too, sees the fence time passed. Measured, not bounded."""
+    import os
+    import signal
+
+    Pool.objects.create(name=NET_POOL, slots=1)
+    (w1,) = celery_workers(count=1, concurrency=1, allow_errors=True)
+    celery_beat()
+    result = ticking.delay(str(shared_dir), BODY)
+
+    def first_pid() -> int | None:
+        notes = [n for n in read_notes(shared_dir, "ticks") if n["event"] == "tick"]
+        return int(notes[0]["pid"]) if len(notes) >= 2 else None
+
+    pid = wait_for(first_pid, TIMEOUT, "the body to tick on w1", 0.05)
+    (w2,) = celery_workers(count=1, concurrency=1)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: any(
+                a["host"] == w2.name for a in attempts(read_notes(shared_dir, "ticks")).values()
+            ),
+            TIMEOUT,
+            "the claim to re-run on w2 while w1's body is frozen",
+        )
+    finally:
+        resumed = time.time()
+        os.kill(pid, signal.SIGCONT)
+    result.get(timeout=TIMEOUT)
+    tried = attempts(read_notes(shared_dir, "ticks"))
+    first = tried[min(tried, key=lambda k: tried[k]["start"])]
+    assert first["host"] == w1.name and first["events"][-1] == "lost", first["events"][-3:]
+    ran = first["last"] - resumed
+    print(f"\n[sigstop] the resumed body wrote its last line {ran * 1000:.0f} ms after SIGCONT")

@@ -40,6 +40,8 @@ class Body:
     last: float | None = None
     #: Paused (SIGSTOP) while it ran: counted until its lease ended (see the module doc).
     paused: bool = False
+    #: How long the body meant to run (milliseconds), from its start line.
+    millis: int | None = None
 
     @property
     def holds_until(self) -> float:
@@ -103,6 +105,7 @@ def read_bodies(
                 pid=s["pid"],
                 last=seen,
                 paused=any(stop < seen and s["t"] < resume for stop, resume in windows),
+                millis=s.get("millis"),
             )
         )
     return sorted(bodies, key=lambda b: b.start)

@@ -368,6 +368,20 @@ def _open_bodies(run: Run) -> dict[int, float]:
     return {b.pid: b.start for b in read_bodies(run.workdir / "bodies") if b.end is None}
 
 
+def _open_long_bodies(run: Run) -> set[int]:
+    """Pids running a body meant to last longer than a lease, with a lease of it still ahead."""
+    from tests.chaos.check import read_bodies
+
+    now = time.time()
+    return {
+        b.pid
+        for b in read_bodies(run.workdir / "bodies")
+        if b.end is None
+        and (b.millis or 0) / 1000 > LEASE_SECONDS
+        and b.start + (b.millis or 0) / 1000 - now > LEASE_SECONDS
+    }
+
+
 def _resume(pid: int, run: Run | None = None) -> None:
     """SIGCONT a paused process (gone already if its worker was SIGKILLed meanwhile)."""
     try:
@@ -415,14 +429,21 @@ def inject(run: Run, fault: Fault, resume_at: list[tuple[float, int]]) -> None:
             fault.detail = f"pid {pid}{' (in a body)' if busy else ''}"
     elif fault.kind in PARTITION_KINDS:
         behind = [w for w in live if w.name in run.proxies]
-        open_pids = set(_open_bodies(run))
-        working = [w for w in behind if open_pids & set(w.children())]
+        # Wait (up to 30 s) for a body longer than a lease to be under way, and cut its
+        # worker off: only such a body can outlive its lease.
+        working: list[Process] = []
+        deadline = time.monotonic() + 30
+        while not working and time.monotonic() < deadline:
+            open_pids = _open_long_bodies(run)
+            working = [w for w in behind if open_pids & set(w.children())]
+            if not working:
+                time.sleep(0.1)
         if behind:
             cut_off = run.rng.choice(working or behind)
             proxy = run.proxies[cut_off.name][0 if fault.kind == "db_partition" else 1]
             proxy.cut()
             run.heal_at.append((time.monotonic() + PARTITION_SECONDS, proxy))
-            fault.detail = f"{cut_off.name}{' (running a body)' if working else ''}"
+            fault.detail = f"{cut_off.name}{' (running a long body)' if working else ''}"
     elif fault.kind == "pg_restart":
         subprocess.run(_pg_ctl("restart"), check=True, capture_output=True)
     elif fault.kind == "redis_restart":
@@ -701,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         f"results not final {len(pending)}; slowest recovery {slowest[0]:.1f}s ({slowest[1]}); "
         f"restarted by the supervisor: {dict(run.restarted) or 'none'}; "
         + (
-            f"resumed past the lease: {len(resumed)} bodies, stopped {max(resumed):.2f}s "
+            f"resumed past the lease: {len(resumed)} bodies, stopped {max(resumed) * 1000:.0f} ms "
             "after SIGCONT at most; "
             if resumed
             else ""

@@ -63,7 +63,7 @@ def _body(kind: str, task_id: str, millis: int) -> str:
         "demand": claim.demand,
     }
     valid_until = claim.lease_expires_at.timestamp()
-    _record("start", valid_until=valid_until, **fields)
+    _record("start", valid_until=valid_until, millis=millis, **fields)
     try:
         deadline = time.monotonic() + millis / 1000
         tick = time.monotonic() + TICK_SECONDS
