@@ -8,7 +8,7 @@ fence it) is still counted, and two such bodies of one slot are a violation.
 
 One exception, a limit nothing in a process can lift: a body **paused** (SIGSTOP) cannot
 fence itself while frozen. When it resumes after its lease lapsed it runs for a moment
-until its keeper sees the renewal refused and interrupts it. A paused body is counted, as
+until its keeper's watchdog (frozen too) sees the fence time passed and interrupts it. A paused body is counted, as
 before, until the earlier of its last sign of life and ``valid_until`` (the end of its lease
 as its own process last renewed it): from then on its entry is back in line and the fencing
 token keeps its late writes out. The runner says which bodies were paused.
