@@ -60,7 +60,7 @@ STATIC_URL = "/static/"
 
 DB_KIND = os.environ.get("POOLS_TEST_DB", "sqlite")
 if DB_KIND == "postgres":
-    DATABASES = {
+    DATABASES: dict[str, dict[str, Any]] = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": os.environ.get("POOLS_PG_NAME", "pools"),

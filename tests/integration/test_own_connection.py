@@ -82,7 +82,8 @@ def test_own_connection__inside_djangos_transaction_the_call_joins_it(recorder, 
 
     make_pool("p", 1)
     with transaction.atomic():
-        assert submit("p", key="a").admitted
+        assert not submit("p", key="a").admitted, "admitted after the caller commits"
+        assert QueueEntry.objects.filter(key="a").exists()
         assert recorder.keys() == [], "published only when the caller commits"
     assert recorder.keys() == ["a"]
 
@@ -223,7 +224,11 @@ def test_own_connection__statement_bound_holds_with_prepared_statements_on_and_o
 ):
     """``statement_timeout`` (which a function cannot set for its own statement) bounds a
     call either way: the session setting, or ``SET LOCAL`` sent with the call."""
-    settings.POOLS = {**settings.POOLS, "LOCK_TIMEOUT_SECONDS": 0.2, "PREPARED_STATEMENTS": prepared}
+    settings.POOLS = {
+        **settings.POOLS,
+        "LOCK_TIMEOUT_SECONDS": 0.2,
+        "PREPARED_STATEMENTS": prepared,
+    }
     fastpath.close_own_connection()
     with pytest.raises(PoolUnavailable, match="statement timeout"):
         fastpath._call_own("SELECT * FROM pg_sleep(%s)", [2], "a slow call")
