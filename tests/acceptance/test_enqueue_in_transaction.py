@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 from celery.result import AsyncResult
@@ -143,7 +143,7 @@ def test_in_transaction__other_calls_and_settles_go_on_then_commit_admits(
 
     committed = h.end("commit")
     committed_at = float(committed.split()[1])
-    body = AsyncResult(held).get(timeout=RESULT_TIMEOUT)
+    body: dict[str, Any] = AsyncResult(held).get(timeout=RESULT_TIMEOUT)
     assert body["i"] == -1 and body["key"] == held
     entry = QueueEntry.objects.get(key=held)
     wait_for(

@@ -33,7 +33,7 @@ def main(hold: float) -> None:
     if os.environ.get("POOLS_TEST_LOCKED_ENQUEUE") == "1":
         from pools.core import admission
 
-        admission._in_callers_transaction = lambda: False  # type: ignore[assignment]
+        admission._in_callers_transaction = lambda: False
     try:
         committed_at: list[float] = []
         with transaction.atomic():
