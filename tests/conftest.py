@@ -4,7 +4,8 @@ failed under CI.
 Markers pick the database a test needs; a test whose database is not the one under test
 is deselected (not skipped, not failed): ``postgres`` (PostgreSQL only: stored functions,
 ``pg_*`` views), ``mysql`` (MariaDB/MySQL only), ``server_db`` (a database server,
-PostgreSQL or MariaDB/MySQL: real worker processes share it).
+PostgreSQL or MariaDB/MySQL: real worker processes share it), ``pgbouncer`` (only through
+the PgBouncer of ``make test-pgbouncer``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,16 @@ def db_vendor() -> str:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "pgbouncer: runs only through PgBouncer (make test-pgbouncer; deselected otherwise)",
+    )
+
+
 def _runs_here(item: pytest.Item, vendor: str) -> bool:
+    if item.get_closest_marker("pgbouncer") and not pgbouncer.ACTIVE:
+        return False
     if item.get_closest_marker("postgres") and vendor != "postgresql":
         return False
     if item.get_closest_marker("mysql") and vendor != "mysql":
