@@ -133,8 +133,9 @@ def test_in_transaction__other_calls_and_settles_go_on_then_commit_admits(
     assert sorted(s["i"] for s in spans) == list(range(OTHERS))
     keys = [r.id for r in calls]
     wait_for(
-        lambda: QueueEntry.objects.filter(key__in=keys, state=EntryState.SUCCEEDED).count()
-        == OTHERS,
+        lambda: (
+            QueueEntry.objects.filter(key__in=keys, state=EntryState.SUCCEEDED).count() == OTHERS
+        ),
         RESULT_TIMEOUT,
         "the workers to settle the other calls",
     )
@@ -187,8 +188,12 @@ def test_in_transaction__sabotage_locked_enqueue_blocks_other_calls(
     celery_workers(count=1, concurrency=2)
     Pool.objects.create(name=ACCEPT_POOL, slots=1)
     h, held = _start(holder, locked=True)
+    began = time.monotonic()
     with pytest.raises(PoolUnavailable):
         span.delay(0, 0.01)
+    print(
+        f"\nlocked holder: another call raised PoolUnavailable after {time.monotonic() - began:.2f} s"
+    )
     assert h.holding()
     h.end("rollback")
     assert not QueueEntry.objects.filter(key=held).exists()
