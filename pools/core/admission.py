@@ -1308,7 +1308,8 @@ def _enqueue_in_callers_transaction(
         joins = sub.not_before if sub.not_before and sub.not_before > now else now
         Demand.objects.bulk_create(_demand_rows(sub, entry, pools, joins, delayed=True))
         events.transition(EventKind.ENQUEUED, [entry], at=now)
-    transaction.on_commit(lambda: _admit_after_commit(names, joins))
+    # robust: an unexpected error is logged, never raised out of the caller's commit.
+    transaction.on_commit(lambda: _admit_after_commit(names, joins), robust=True)
     return Enqueued(entry_id=entry.queue_id, key=entry.key, admitted=False)
 
 
