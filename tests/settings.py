@@ -135,13 +135,13 @@ for _key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "SWEEP_SECONDS"):
     if os.environ.get(f"POOLS_{_key}"):
         POOLS[_key] = float(os.environ[f"POOLS_{_key}"])
 
-# The PgBouncer tier's sabotage twin forces pools' own connection to prepare statements.
-if os.environ.get("POOLS_TEST_PREPARED_STATEMENTS"):
-    POOLS["PREPARED_STATEMENTS"] = os.environ["POOLS_TEST_PREPARED_STATEMENTS"] == "1"
-
 # The default-pool acceptance test starts workers with POOLS["DEFAULT_POOL"] (JSON).
 if os.environ.get("POOLS_TEST_DEFAULT_POOL"):
     POOLS["DEFAULT_POOL"] = json.loads(os.environ["POOLS_TEST_DEFAULT_POOL"])
+
+# The PgBouncer tier's sabotage twin forces pools' own connection to prepare statements.
+if os.environ.get("POOLS_TEST_PREPARED_STATEMENTS"):
+    POOLS["PREPARED_STATEMENTS"] = os.environ["POOLS_TEST_PREPARED_STATEMENTS"] == "1"
 
 # Extra task modules for the fault-tolerance acceptance tests.
 CELERY_IMPORTS = [
