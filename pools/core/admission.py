@@ -1316,15 +1316,15 @@ def _enqueue_in_callers_transaction(
 def _admit_after_commit(names: list[str], due: datetime) -> None:
     """After the caller committed: the entry is due at ``due``; admission runs now.
 
-    Never raises into the caller's commit: if the pools cannot be locked now, the
-    sweep's :func:`note_due_entries` finds the entry and admits it.
+    Two short transactions: the pools' ``next_due_at`` is brought forward under their
+    locks, then an ordinary admission pass (:func:`admit`) puts the entry in line and
+    admits what fits. Never raises into the caller's commit: if the pools cannot be
+    locked now, the sweep's :func:`note_due_entries` finds the entry and admits it.
     """
     try:
         with locked_pools(names) as pools:
             _note_due(pools, [n for n in names if n in pools], due)
-            step = _admit_locked(pools, timezone.now())
-            dispatch.after_commit(step.admissions, step.finished, step.wake)
-        _follow_up(_still_needed(step, pools))
+        admit(names)
     except PoolUnavailable as exc:
         logger.warning(
             "Admission after commit of an entry of pools %s deferred to the sweep: %s",
