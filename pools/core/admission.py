@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, F, Min, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 
 from pools import conf
@@ -1339,31 +1339,25 @@ def note_due_entries() -> int:
     Admission looks at a pool's delayed rows only from its ``next_due_at``, which an
     enqueue inside a caller's transaction sets after the commit: a process that died
     between its commit and that moment leaves rows no pass would look at. The sweep
-    calls this (one grouped query; a lock only for a pool that needs it). Returns how
-    many pools were corrected.
+    calls this: one query, an index probe per pool (``pools_demand_delayed``), and a lock
+    only for a pool that needs it. Returns how many pools were corrected.
     """
-    earliest = {
-        pool_id: first
-        for pool_id, first in Demand.objects.delayed()
-        .values("pool_id")
-        .annotate(first=Min("enqueued_at"))
-        .order_by()
-        .values_list("pool_id", "first")
-    }
-    suspects = [
-        name
-        for pk, name, due in Pool.objects.filter(pk__in=list(earliest)).values_list(
-            "pk", "name", "next_due_at"
-        )
-        if due is None or earliest[pk] < due
-    ]
+    delayed = Demand.objects.delayed().filter(pool_id=OuterRef("pk"))
+    suspects = list(
+        Pool.objects.filter(
+            Q(Exists(delayed), next_due_at__isnull=True)
+            | Q(Exists(delayed.filter(enqueued_at__lt=OuterRef("next_due_at"))))
+        ).values_list("name", flat=True)
+    )
     for name in suspects:
         with locked_pools([name]) as pools:
             if name in pools:
                 first = (
                     Demand.objects.delayed()
                     .filter(pool_id=pools[name].pk)
-                    .aggregate(first=Min("enqueued_at"))["first"]
+                    .order_by("enqueued_at")
+                    .values_list("enqueued_at", flat=True)
+                    .first()
                 )
                 if first is not None:
                     _note_due(pools, [name], first)
