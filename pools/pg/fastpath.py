@@ -37,7 +37,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
 
 from pools import conf, signals
-from pools.core.locking import BOUND, bound_params, unavailable
+from pools.core.locking import BOUND, bound_params, schema_behind, unavailable
 from pools.models import PoolEvent
 
 
@@ -200,8 +200,10 @@ def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
                 pass  # past the SET results
             columns = [c.name for c in cursor.description or ()]
             return decode(columns, cursor.fetchall(), jsonb_as_text=True)
-    except (IntegrityError, ProgrammingError):
-        raise  # a bug or a missing migration, not an outage: do not disguise it
+    except (IntegrityError, ProgrammingError) as exc:
+        if schema_behind(exc):  # deployed before 'migrate': say so, as an outage
+            raise unavailable(what, exc) from exc
+        raise  # a bug, not an outage: do not disguise it
     except DatabaseError as exc:
         raise unavailable(what, exc) from exc
 
@@ -291,6 +293,8 @@ def _call_own(query: str, args: list[Any], what: str) -> Reply:
     except psycopg.IntegrityError as exc:
         raise IntegrityError(str(exc)) from exc
     except psycopg.ProgrammingError as exc:
+        if schema_behind(exc):
+            raise unavailable(what, exc) from exc
         raise ProgrammingError(str(exc)) from exc
     except psycopg.Error as exc:
         if _own.conn is not None and (_own.conn.broken or _own.conn.closed):

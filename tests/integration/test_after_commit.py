@@ -133,3 +133,25 @@ def test_after_commit__requeue_of_an_unpublished_entry_leaves_a_started_one_alon
     assert not admission.requeue(adm.entry_id, adm.token, reason="x", unstarted=True)
     assert QueueEntry.objects.get(key="a").state == EntryState.RUNNING
     dispatch._scheduled.clear()
+
+
+@pytest.mark.postgres
+def test_schema_behind__a_missing_stored_function_is_unavailable_naming_migrate() -> None:
+    """Code deployed before ``migrate``: one line that says what to run, not a bare
+    ProgrammingError (on Django's connection and on pools' own)."""
+    from pools.exceptions import PoolUnavailable
+
+    for own_connection in (False, True):
+        fastpath.use_own_connection(own_connection)
+        try:
+            with pytest.raises(PoolUnavailable, match=r"run 'manage\.py migrate'"):
+                fastpath.call("pools_enqueue_v999", [], what="pools p")
+        finally:
+            fastpath.use_own_connection(False)
+
+
+def test_schema_check__a_migrated_database_has_nothing_pending() -> None:
+    from pools import checks
+
+    assert checks.pending_migrations() == []
+    assert checks.check_schema(databases=["default"]) == []
