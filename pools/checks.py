@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -258,14 +259,19 @@ def check_mysql_database(
 
 
 def pending_migrations() -> list[str]:
-    """Migrations of this release's ``pools`` app that the default database has not applied
-    (empty when it cannot tell: no database, or no migrations table yet)."""
+    """Migrations of this release's ``pools`` app that the default database has not applied,
+    when it has applied some: a database being upgraded. Empty for an up-to-date database,
+    a fresh one (``migrate`` creates everything; Django itself lists what is unapplied)
+    or one it cannot read."""
     from django.db.migrations.executor import MigrationExecutor
 
     try:
         executor = MigrationExecutor(connections["default"])
         plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
     except DatabaseError:
+        return []
+    applied = {name for app, name in executor.loader.applied_migrations if app == "pools"}
+    if not applied:
         return []
     return [migration.name for migration, backwards in plan if migration.app_label == "pools"]
 
@@ -288,8 +294,8 @@ def check_schema(
     A warning, not an error: ``migrate`` itself runs the database checks first, and an
     error would stop the command that fixes it.
     """
-    if not databases or "default" not in databases:
-        return []
+    if not databases or "default" not in databases or sys.argv[1:2] == ["migrate"]:
+        return []  # ``migrate`` runs the database checks first: it is the fix, not the news
     pending = pending_migrations()
     if not pending:
         return []
