@@ -107,6 +107,7 @@ PGBOUNCER_PORT ?= 6433
 PGBOUNCER_REDIS ?= redis://127.0.0.1:6379
 PGBOUNCER_TESTS := tests/acceptance/test_pgbouncer.py tests/acceptance/test_gate_workers.py \
 	tests/acceptance/test_worker_gate.py tests/acceptance/test_enqueue_in_transaction.py \
+	tests/acceptance/test_typed_arguments.py \
 	"tests/acceptance/test_faults.py::test_faults__sigkilled_worker_claims_return_through_the_beat_sweep" \
 	tests/integration/test_enqueue_in_transaction.py
 test-pgbouncer: install services pgbouncer
