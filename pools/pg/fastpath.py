@@ -14,7 +14,10 @@ return one event row per transition, and the caller sends the signals after comm
 ``worker_process_init``) a call made outside any transaction of Django's connection runs
 on a connection of pools' own, opened with Django's connection parameters, kept for the
 life of the process (one per thread), in autocommit, with the statement bound set once
-per session and each function call a server-side prepared statement. Celery's Django
+per session and each function call a server-side prepared statement (or, with prepared
+statements off — :func:`prepared_statements`, for a transaction pooler such as PgBouncer —
+no session state at all: each call sends its bound as ``SET LOCAL`` in its own query
+string, as on Django's connection). Celery's Django
 fixup closes Django's connections around every task unless ``CELERY_DB_REUSE_MAX`` is
 set; it does not know this one, so start and settle never pay a reconnect, and
 PostgreSQL parses and plans each call once per connection, not once per call. Inside a
@@ -37,7 +40,13 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
 
 from pools import conf, signals
-from pools.core.locking import BOUND, bound_client_options, bound_params, unavailable
+from pools.core.locking import (
+    BOUND,
+    bound_client_options,
+    bound_params,
+    schema_behind,
+    unavailable,
+)
 from pools.models import PoolEvent
 
 
@@ -144,9 +153,19 @@ class Reply:
 
 
 def decode(
-    columns: Sequence[str], rows: Sequence[Sequence[Any]], *, committed: bool = False
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    committed: bool = False,
+    jsonb_as_text: bool = False,
 ) -> Reply:
-    """Rows of a v7 function as :class:`Row` objects, by column name (``o_`` dropped)."""
+    """Rows of a v7 function as :class:`Row` objects, by column name (``o_`` dropped).
+
+    ``jsonb_as_text``: the connection hands ``jsonb`` columns over as their JSON text (Django's
+    connection does, for its ``JSONField``); pools' own connection hands them over decoded.
+    Either way a stored value decodes: a ``jsonb`` string (the display text of arguments
+    Celery serialized with types JSON does not have) stays the string it is.
+    """
     names = [c[2:] if c.startswith("o_") else c for c in columns]
     unknown = set(names) - _NAMES
     if unknown:  # pragma: no cover - a function and this module disagree
@@ -155,7 +174,7 @@ def decode(
     for values in rows:
         data = dict(zip(names, values, strict=True))
         for name in _JSON & data.keys():
-            data[name] = json_value(data[name])
+            data[name] = json_value(data[name], as_text=jsonb_as_text)
         decoded.append(Row(**data))
     return Reply(decoded, committed=committed)
 
@@ -189,9 +208,11 @@ def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
             while cursor.description is None and cursor.nextset():
                 pass  # past the SET results
             columns = [c.name for c in cursor.description or ()]
-            return decode(columns, cursor.fetchall())
-    except (IntegrityError, ProgrammingError):
-        raise  # a bug or a missing migration, not an outage: do not disguise it
+            return decode(columns, cursor.fetchall(), jsonb_as_text=True)
+    except (IntegrityError, ProgrammingError) as exc:
+        if schema_behind(exc):  # deployed before 'migrate': say so, as an outage
+            raise unavailable(what, exc) from exc
+        raise  # a bug, not an outage: do not disguise it
     except DatabaseError as exc:
         raise unavailable(what, exc) from exc
 
@@ -237,6 +258,27 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=lambda: close_own_connection())
 
 
+def prepared_statements() -> bool:
+    """True when pools' own connection prepares its calls on the server.
+
+    ``POOLS["PREPARED_STATEMENTS"]`` when it is set; otherwise off exactly when the
+    database's ``OPTIONS["prepare_threshold"]`` is ``None``, the setting Django documents
+    for a transaction pooler (PgBouncer ``pool_mode = transaction``), where a statement
+    prepared on one server connection is missing, or already there, on the next. Off, the
+    connection keeps no session state either (see :func:`_call_own`).
+    """
+    chosen = conf.get().PREPARED_STATEMENTS
+    if chosen is not None:
+        return chosen
+    options = connection.settings_dict.get("OPTIONS") or {}
+    return not ("prepare_threshold" in options and options["prepare_threshold"] is None)
+
+
+def _prepare_params() -> dict[str, Any]:
+    """Connection parameters of the prepare switch: none, or psycopg's ``prepare_threshold=None``."""
+    return {} if prepared_statements() else {"prepare_threshold": None}
+
+
 def _connect() -> Any:
     """This thread's own connection, opened (or reopened after a fork or an error) if needed."""
     conn = _own.conn
@@ -254,10 +296,10 @@ def _connect() -> Any:
             for k, v in connection.get_connection_params().items()
             if k not in {"cursor_factory", "context", "prepare_threshold"}
         }
-        conn = psycopg.connect(autocommit=True, **_bounded(params))  # prepare=True on each call
+        conn = psycopg.connect(autocommit=True, **_bounded(params), **_prepare_params())
         _own.conn, _own.pid, _own.timeout_ms = conn, os.getpid(), -1
     ms = lock_ms()
-    if _own.timeout_ms != ms:
+    if _own.timeout_ms != ms and prepared_statements():  # else SET LOCAL per call
         conn.execute(f"SET statement_timeout = {ms}")  # an int: nothing to quote
         _own.timeout_ms = ms
     return conn
@@ -276,18 +318,31 @@ def own_backend_pid() -> int:
 
 
 def _call_own(query: str, args: list[Any], what: str) -> Reply:
-    """One call on pools' own connection, as a server-side prepared statement."""
+    """One call on pools' own connection, as a server-side prepared statement.
+
+    With prepared statements off (:func:`prepared_statements`) the call is sent as Django
+    sends it: client-side bound, after ``SET LOCAL`` of the bound in the same query string
+    (one implicit transaction), so nothing outlives the call on the server connection.
+    """
     import psycopg
 
     try:
         conn = _connect()
-        with conn.cursor() as cursor:
-            cursor.execute(query, args, prepare=True)
+        prepared = prepared_statements()
+        with conn.cursor() if prepared else psycopg.ClientCursor(conn) as cursor:
+            if prepared:
+                cursor.execute(query, args, prepare=True)
+            else:
+                cursor.execute(f"{BOUND}{query}", [*bound_params(), *args], prepare=False)
+                while cursor.description is None and cursor.nextset():
+                    pass  # past the SET results
             columns = [c.name for c in cursor.description or ()]
             return decode(columns, cursor.fetchall(), committed=True)
     except psycopg.IntegrityError as exc:
         raise IntegrityError(str(exc)) from exc
     except psycopg.ProgrammingError as exc:
+        if schema_behind(exc):
+            raise unavailable(what, exc) from exc
         raise ProgrammingError(str(exc)) from exc
     except psycopg.Error as exc:
         if _own.conn is not None and (_own.conn.broken or _own.conn.closed):
@@ -300,6 +355,13 @@ def jsonb(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
 
-def json_value(value: Any) -> Any:
-    """A ``jsonb`` column as Python data (drivers may hand it over as text)."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
+def json_value(value: Any, *, as_text: bool) -> Any:
+    """A ``jsonb`` column as Python data.
+
+    ``as_text``: the driver handed it over as JSON text (always valid JSON: PostgreSQL wrote
+    it), which is parsed; otherwise the driver decoded it and it is returned as it is. Only
+    the connection knows which: a decoded ``jsonb`` string is a ``str`` too.
+    """
+    if as_text and isinstance(value, str | bytes):
+        return json.loads(value)
+    return value
