@@ -87,8 +87,10 @@ def start_behind(
             m.setenv("POOLS_PG_PORT", str(proxy.port))
         else:
             parts = urlsplit(broker)
+            userinfo = parts.netloc.rpartition("@")[0]  # amqp://guest:guest@...: kept
+            netloc = f"{userinfo}@" if userinfo else ""
             settings.CELERY_BROKER_URL = urlunsplit(
-                parts._replace(netloc=f"{parts.hostname}:{proxy.port}")
+                parts._replace(netloc=f"{netloc}{parts.hostname}:{proxy.port}")
             )
         if sabotage:
             m.setenv("POOLS_TEST_SABOTAGE", "no-fence-watchdog")
@@ -114,7 +116,8 @@ def run_partition(
         target = ("127.0.0.1", int(connection.settings_dict["PORT"] or 5432))
     else:
         parts = urlsplit(django_settings.CELERY_BROKER_URL)
-        target = (parts.hostname or "127.0.0.1", parts.port or 6379)
+        default_port = 5672 if parts.scheme.startswith("amqp") else 6379
+        target = (parts.hostname or "127.0.0.1", parts.port or default_port)
     Pool.objects.create(name=NET_POOL, slots=1)
     with BlackholeProxy(*target) as proxy:
         w1 = start_behind(kind, proxy, celery_workers, monkeypatch, settings, sabotage)

@@ -237,7 +237,11 @@ def start_worker(run: Run) -> Process:
         env = {
             **os.environ,
             "POOLS_PG_PORT": str(db.port),
-            "CELERY_BROKER_URL": urlunsplit(broker._replace(netloc=f"127.0.0.1:{mq.port}")),
+            "CELERY_BROKER_URL": urlunsplit(
+                broker._replace(netloc=broker.netloc.rpartition("@")[0] + f"@127.0.0.1:{mq.port}")
+                if "@" in broker.netloc
+                else broker._replace(netloc=f"127.0.0.1:{mq.port}")
+            ),
         }
     worker = processes.start_worker(
         "tests",
