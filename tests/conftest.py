@@ -135,6 +135,18 @@ def admission_path(request: pytest.FixtureRequest, settings: Settings) -> str:
     return str(request.param)
 
 
+@pytest.fixture
+def own(settings: Settings) -> Iterator[None]:
+    """Calls outside a transaction run on pools' own connection, as in a worker process
+    (PostgreSQL fast path)."""
+    from pools.pg import fastpath
+
+    settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
+    fastpath.use_own_connection()
+    yield
+    fastpath.use_own_connection(False)
+
+
 #: Apps whose tables a transactional test flushes (much faster than flushing every app).
 POOL_APPS = ["pools", "django_celery_beat", "tests.testapp"]
 

@@ -11,7 +11,6 @@ and the caller that happened to admit it does not fail for its sake.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,15 +28,6 @@ pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
 #: What the gate stores for a call whose arguments JSON cannot carry as they are.
 SHOWN = "(datetime.date(2026, 12, 5), b'\\x00\\xff')"
-
-
-@pytest.fixture
-def own(settings: Any) -> Iterator[None]:
-    """Calls outside a transaction run on pools' own connection, as in a worker."""
-    settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
-    fastpath.use_own_connection()
-    yield
-    fastpath.use_own_connection(False)
 
 
 def test_decode__a_jsonb_string_stays_the_string_it_is() -> None:

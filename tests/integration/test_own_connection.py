@@ -9,7 +9,6 @@ start and settle must not reopen it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,14 +26,6 @@ pytestmark = [
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True, available_apps=POOL_APPS),
 ]
-
-
-@pytest.fixture
-def own(settings: Any) -> Iterator[None]:
-    settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
-    fastpath.use_own_connection()
-    yield
-    fastpath.use_own_connection(False)
 
 
 def _own_prepared() -> list[str]:
