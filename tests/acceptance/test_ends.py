@@ -28,6 +28,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.result import AsyncResult
 
 from pools.celery import gate
+from pools.core import sweeps
 from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
@@ -295,25 +296,34 @@ def test_ends__eta_held_in_the_worker_keeps_its_lease(
 def test_ends__prefetched_message_behind_a_busy_process_keeps_its_lease(
     short_leases: None,
     celery_workers: StartWorkers,
-    celery_beat: Callable[[], Beat],
     shared_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Prefetch 4, one pool process busy for three leases (3 s): the admitted message the
-    worker prefetched behind it keeps its lease, then runs once on its first admission."""
+    worker prefetched behind it keeps its lease, then runs once on its first admission.
+
+    The worker's only process is busy, so a sweep sent to it would wait too: the test
+    process sweeps (every 0.5 s) instead of beat.
+    """
     monkeypatch.setenv("POOLS_TEST_PREFETCH", "4")
     Pool.objects.create(name=ENDS_POOL, slots=2)
     celery_workers(count=1, concurrency=1)
-    celery_beat()
     where = str(shared_dir)
     busy = counted.delay(where, "busy", 3 * LEASE_SECONDS)
     wait_notes(shared_dir, "runs", lambda ns: len(ns) == 1, 30, "the busy body to start")
     held = counted.delay(where, "held")
     wait_for(lambda: state_of(held.id)[0] == EntryState.ADMITTED, 30, "the second admission")
     after = counted.delay(where, "after")
-    values = [r.get(timeout=TIMEOUT) for r in (busy, held, after)]
+    calls = (busy, held, after)
+
+    def done() -> bool:
+        sweeps.sweep()
+        return all(c.ready() for c in calls)
+
+    wait_for(done, TIMEOUT, "the three calls", interval=0.5)
+    values = [r.get(timeout=TIMEOUT) for r in calls]
     assert [v["token"] for v in values] == [1, 1, 1]
-    states = wait_settled([busy.id, held.id, after.id])
+    states = wait_settled([c.id for c in calls])
     assert set(states.values()) == {(EntryState.SUCCEEDED, 1)}
     assert requeues(held.id) == []
     assert runs(shared_dir) == {"busy": 1, "held": 1, "after": 1}
