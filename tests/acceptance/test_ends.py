@@ -15,6 +15,7 @@ request, so the claim must come from what the worker recorded when it received t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import time
@@ -75,6 +76,11 @@ def wait_settled(keys: list[str], timeout: float = TIMEOUT) -> dict[str, tuple[s
 
     result: dict[str, tuple[str, int]] = wait_for(settled, timeout, f"entries {keys} to settle")
     return result
+
+
+def succeeded(key: str) -> bool:
+    """The result backend holds SUCCESS for ``key`` (the final result)."""
+    return bool(AsyncResult(key).state == "SUCCESS")
 
 
 def requeues(key: str) -> list[str]:
@@ -160,12 +166,14 @@ def test_ends__signalled_pool_process_requeues_its_entry_at_once(
     )
     assert requeues(victim.id) == ["worker lost"]
     requeued = PoolEvent.objects.get(key=victim.id, kind=EventKind.REQUEUED)
-    print(f"\n{signame} to a pool process: requeued kill+{requeued.at.timestamp() - killed_at:.2f}s")
+    print(
+        f"\n{signame} to a pool process: requeued kill+{requeued.at.timestamp() - killed_at:.2f}s"
+    )
     assert requeued.at.timestamp() < lease_end.timestamp() - 10, "requeued only at the lapse"
     assert runs(shared_dir) == {"victim": 2, "after": 1}
     second = starts(shared_dir, "victim")[1]
     assert (second["token"], second["pid"] != first["pid"]) == (2, True)
-    wait_for(lambda: AsyncResult(victim.id).state == "SUCCESS", 30, "the rerun's result")
+    wait_for(functools.partial(succeeded, victim.id), 30, "the rerun's result")
     assert AsyncResult(after.id).get(timeout=30)["name"] == "after"
 
 
@@ -213,7 +221,7 @@ def test_ends__sigterm_to_the_whole_process_group_reruns_the_running_calls(
     states = wait_settled(keys, timeout=60)
     assert {s for s, _ in states.values()} == {EntryState.SUCCEEDED}, states
     for call in calls:
-        wait_for(lambda c=call: AsyncResult(c.id).state == "SUCCESS", 30, f"{call.id} SUCCESS")
+        wait_for(functools.partial(succeeded, call.id), 30, f"{call.id} SUCCESS")
     counts = runs(shared_dir)
     assert set(counts) == {f"c{i}" for i in range(4)}
     cut = {n["name"] for n in read_notes(shared_dir, "runs") if n["hostname"] == doomed.name}
@@ -221,8 +229,7 @@ def test_ends__sigterm_to_the_whole_process_group_reruns_the_running_calls(
     reasons = {c.id: requeues(c.id) for c in calls}
     print(f"\nprocess-group SIGTERM: requeue reasons {sorted(map(str, reasons.values()))}")
     last = max(
-        e.at.timestamp()
-        for e in PoolEvent.objects.filter(key__in=keys, kind=EventKind.REQUEUED)
+        e.at.timestamp() for e in PoolEvent.objects.filter(key__in=keys, kind=EventKind.REQUEUED)
     )
     assert last - stopped_at < 20, "the cut-off calls waited for their lease to lapse"
     assert survivor.alive()
@@ -279,9 +286,7 @@ def test_ends__eta_held_in_the_worker_keeps_its_lease(
     where = str(shared_dir)
     called_at = time.time()
     eta = counted.apply_async((where, "eta"), countdown=3 * LEASE_SECONDS)
-    wait_for(
-        lambda: state_of(eta.id)[0] == EntryState.ADMITTED, 30, "the ETA call to be admitted"
-    )
+    wait_for(lambda: state_of(eta.id)[0] == EntryState.ADMITTED, 30, "the ETA call to be admitted")
     after = counted.delay(where, "after")
     assert eta.get(timeout=TIMEOUT)["token"] == 1
     assert after.get(timeout=TIMEOUT)["token"] == 1
