@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from billiard import common as billiard_common
 from celery import current_task, signals
 from celery.exceptions import Ignore
 from django.db import connection
@@ -123,16 +124,29 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
             logger.warning("%s[%s] stopped: lease lost", task.name, request.id)
             raise Ignore() from None
         raise
-    except (SystemExit, KeyboardInterrupt):
-        # billiard turns SIGTERM/SIGQUIT/SIGHUP/SIGUSR1 to a pool process into SystemExit:
-        # the process is exiting and the body has stopped. Celery's main process reports it
-        # (WorkerLostError, or TimeLimitExceeded when the hard time limit sent the signal)
-        # and settles the entry from what it recorded at receipt (pools.celery.received).
-        with _claims_lock:
-            _exiting.add(request.id)
+    except SystemExit as exc:
+        if _terminated_by_signal(exc):
+            # The process is exiting and the body has stopped. Celery's main process
+            # reports it (WorkerLostError, or TimeLimitExceeded when the hard time limit
+            # sent the signal) and settles the entry from what it recorded at receipt
+            # (pools.celery.received): requeued, or failed.
+            with _claims_lock:
+                _exiting.add(request.id)
         raise
     finally:
         _local.claim = None
+
+
+def _terminated_by_signal(exc: SystemExit) -> bool:
+    """True if billiard's terminate handler raised ``exc`` (SIGTERM/SIGQUIT to a pool process).
+
+    billiard turns those signals into ``sys.exit(-(256 - signum))`` inside the body; a
+    body's own ``sys.exit()`` is not one of them and settles as before.
+    """
+    fired = getattr(billiard_common, "terminate_handler_fired", None)
+    if fired is not None:
+        return bool(fired())
+    return isinstance(exc.code, int) and exc.code < 0
 
 
 def start_claim(entry_id: int, token: int, *, worker: str, what: str) -> Claim | None:
