@@ -42,6 +42,8 @@ from pools.core import admission, leases
 
 logger = logging.getLogger("pools.celery.received")
 
+#: How long a finished message's claim is kept for a late ``task_failure`` handler.
+FORGET_AFTER_SECONDS = 10.0
 #: Longest the main process waits for a timed-out pool process to exit before it fails
 #: the entry anyway (billiard SIGKILLs it 0.1 s after the TERM).
 EXIT_WAIT_SECONDS = 10.0
@@ -56,6 +58,8 @@ class Received:
     token: int
     #: Celery's ``Request`` (its ``time_start`` is set once a pool process accepts it).
     request: Any
+    #: When a pass first saw it finished (``time.monotonic()``), else None.
+    finished_seen: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -148,6 +152,12 @@ def _ended_in_main(
         return  # timed out: the pool process's death that follows is no reason to rerun
     if isinstance(exception, TimeLimitExceeded):
         pid = getattr(found.request, "worker_pid", None) if found is not None else None
+        try:
+            # Its keeper may not have renewed (a C call holds the GIL): keep the sweep from
+            # requeueing it while billiard stops the process.
+            leases.renew(entry_id, token)
+        except DatabaseError:
+            _close()
         with _lock:
             _failing.append(
                 _Failing(entry_id=entry_id, token=token, pid=pid, since=time.monotonic())
@@ -206,10 +216,18 @@ def renew_waiting() -> None:
     active = set(state.active_requests)
     with _lock:
         held = list(_received.values())
+    now = time.monotonic()
     for r in held:
         if _accepted(r.request):
-            if r.request not in active:
-                forget(r.task_id)  # finished: its pool process settled it
+            if r.request in active:
+                r.finished_seen = None  # (accepted is set a moment before active)
+                continue  # its pool process renews it
+            # Finished. Celery marks it ready just before it sends task_failure: keep the
+            # claim a while for that handler, then forget it (its pool process settled it).
+            if r.finished_seen is None:
+                r.finished_seen = now
+            elif now - r.finished_seen > FORGET_AFTER_SECONDS:
+                forget(r.task_id)
             continue
         try:
             until = leases.renew(r.entry_id, r.token)

@@ -102,13 +102,19 @@ def test_ends__hard_time_limit_in_c_fails_the_entry_once_and_the_next_call_runs(
     celery_workers: StartWorkers,
     celery_beat: Callable[[], Beat],
     shared_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
 ) -> None:
     """``time_limit=2`` on ``sum(range(10**11))``: billiard kills the process, Celery stores
     FAILURE(TimeLimitExceeded); the entry must end ``failed`` and never run again.
 
-    Lease 3 s, sweep 1 s: an entry left ``running`` would be re-run by the sweep after every
-    lapse, so the check waits several leases after the next call has finished.
+    Lease 6 s (billiard notices the limit up to a second late; keep ``time_limit`` below
+    the lease), sweep 1 s: an entry left ``running`` would be re-run by the sweep after
+    every lapse, so the check waits several leases after the next call has finished.
     """
+    lease = 2 * LEASE_SECONDS
+    monkeypatch.setenv("POOLS_LEASE_SECONDS", str(lease))
+    settings.POOLS = {**settings.POOLS, "LEASE_SECONDS": lease}
     Pool.objects.create(name=ENDS_POOL, slots=1)
     # Celery logs the hard time limit and the killed process as ERRORs: expected here.
     celery_workers(count=1, concurrency=2, allow_errors=True)
@@ -122,7 +128,7 @@ def test_ends__hard_time_limit_in_c_fails_the_entry_once_and_the_next_call_runs(
     assert after.get(timeout=TIMEOUT)["name"] == "after"
     states = wait_settled([hung.id, after.id])
     assert states == {hung.id: (EntryState.FAILED, 1), after.id: (EntryState.SUCCEEDED, 1)}
-    let_sweeps_pass(beat, round(3 * LEASE_SECONDS / SWEEP_SECONDS))
+    let_sweeps_pass(beat, round(3 * lease / SWEEP_SECONDS))
 
     assert runs(shared_dir) == {"hang": 1, "after": 1}, "a hard-time-limited body ran again"
     assert state_of(hung.id) == (EntryState.FAILED, 1)
