@@ -264,9 +264,12 @@ def _settle_after_run(
 @signals.task_revoked.connect(dispatch_uid="pools.celery.worker.revoked")
 def _release_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     """A revoked/terminated/expired delivery (worker main process) gives its slots back."""
-    parsed = claim_of(request)
+    task_id = getattr(request, "id", None)
+    parsed = received.claim_for(task_id, request)
     if parsed is None:
         return
+    if task_id:
+        received.forget(task_id)
     try:
         admission.settle(parsed[0], parsed[1], "cancelled", reason="revoked")
     except Exception:
