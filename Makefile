@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo test test-lowest test-sqlite test-postgres test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client lint docs services clean
+.PHONY: install demo test test-lowest test-sqlite test-postgres test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client lint docs services clean
 
 $(STAMP): pyproject.toml | mysql-client
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -72,6 +72,14 @@ test-rabbitmq: install services
 	$(BIN)/pytest -q tests/acceptance --ignore tests/acceptance/test_demo.py \
 		--ignore tests/acceptance/test_bench_smoke.py
 
+# A rolling deploy from the previous release (its tree from git history) to this one, with
+# calls in flight, and its sabotage twin (~3 min; PostgreSQL database pools_upgrade, Redis
+# db 10/11). Figures: python -m tests.upgrade.run.
+test-upgrade: install services
+	POOLS_TEST_DB=postgres CELERY_BROKER_URL=redis://127.0.0.1:6379/14 \
+	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
+	$(BIN)/pytest -q tests/upgrade
+
 # Chaos: 2,000 pooled tasks through 3 pools on 3 prefork workers + beat while 20 faults hit
 # (SIGKILL, SIGSTOP past the lease, PostgreSQL restart, Redis restart, cancel bursts); it
 # restarts the servers, so it runs alone (~3 min). Soak: python -m tests.chaos.run --help.
@@ -131,7 +139,7 @@ test-peer: install services
 peer-full: install services
 	$(BIN)/python -m tests.peer.run
 
-test: browsers lint docs test-sqlite test-postgres test-lowest test-mariadb test-rabbitmq test-chaos test-browser test-peer
+test: browsers lint docs test-sqlite test-postgres test-lowest test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .site .pytest_cache

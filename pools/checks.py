@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -255,3 +256,54 @@ def check_mysql_database(
     if level not in MYSQL_ISOLATION_OK:
         messages.append(_mysql_isolation_message(level, "session"))
     return messages
+
+
+def pending_migrations() -> list[str]:
+    """Migrations of this release's ``pools`` app that the default database has not applied,
+    when it has applied some: a database being upgraded. Empty for an up-to-date database,
+    a fresh one (``migrate`` creates everything; Django itself lists what is unapplied)
+    or one it cannot read."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    try:
+        executor = MigrationExecutor(connections["default"])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except DatabaseError:
+        return []
+    applied = {name for app, name in executor.loader.applied_migrations if app == "pools"}
+    if not applied:
+        return []
+    return [migration.name for migration, backwards in plan if migration.app_label == "pools"]
+
+
+def schema_behind_message(pending: list[str]) -> str:
+    """One line naming the fix, for the system check and the worker's start."""
+    return (
+        "The database schema is older than this release of django-celery-pools "
+        f"(migrations not applied: {', '.join(pending)}): run 'manage.py migrate'. Until "
+        "then pooled calls fail with PoolUnavailable."
+    )
+
+
+@register(Tags.database)
+def check_schema(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """The database has this release's migrations (``manage.py check --database default``).
+
+    A warning, not an error: ``migrate`` itself runs the database checks first, and an
+    error would stop the command that fixes it.
+    """
+    if not databases or "default" not in databases or sys.argv[1:2] == ["migrate"]:
+        return []  # ``migrate`` runs the database checks first: it is the fix, not the news
+    pending = pending_migrations()
+    if not pending:
+        return []
+    return [
+        Warning(
+            schema_behind_message(pending),
+            id="pools.W050",
+            hint="Deploy in this order: migrate, then restart web processes and workers "
+            "(see Upgrading in the docs).",
+        )
+    ]

@@ -22,7 +22,7 @@ from celery import current_task, signals
 from celery.exceptions import Ignore
 from django.db import connection
 
-from pools import conf
+from pools import checks, conf
 from pools.celery import messages, received
 from pools.celery.keeper import body_running, keeper
 from pools.celery.messages import claim_of
@@ -323,6 +323,14 @@ def _warn_about_reconnects(sender: Any = None, **kwargs: Any) -> None:
             "settle its claim, a few milliseconds each on PostgreSQL. Set "
             "CELERY_DB_REUSE_MAX = 1000 in the Django settings to keep worker connections."
         )
+
+
+@signals.worker_init.connect(dispatch_uid="pools.celery.worker.schema")
+def _refuse_to_hide_an_old_schema(sender: Any = None, **kwargs: Any) -> None:
+    """One line at start when the database lacks this release's migrations."""
+    pending = checks.pending_migrations()
+    if pending:
+        logger.error(checks.schema_behind_message(pending))
 
 
 @signals.worker_ready.connect(dispatch_uid="pools.celery.worker.ready")

@@ -148,8 +148,11 @@ _PG_KINDS = {
     "40001": "deadlock",  # serialization_failure
     "53300": "connection",  # too_many_connections
     "57P01": "connection",  # admin_shutdown
+    "42883": "schema",  # undefined_function: a stored function of this release is missing
 }
 _ADVICE = {
+    "schema": "the database schema is older than this release of django-celery-pools: "
+    "run 'manage.py migrate'",
     "lock": "another transaction held a pool row past LOCK_TIMEOUT_SECONDS ({s:g}s); "
     "retry, and look for a long transaction locking pools_pool rows",
     # The statement bound also cuts lock waits (MariaDB, PostgreSQL): either may be it.
@@ -212,6 +215,12 @@ def unavailable(what: str, exc: BaseException) -> PoolUnavailable:
     text = advice.format(s=conf.get().LOCK_TIMEOUT_SECONDS)
     logger.info("pool state is unavailable (%s): %s", what, str(exc).strip() or repr(exc))
     return PoolUnavailable(_first_line(f"pool state is unavailable ({what}): {message}; {text}"))
+
+
+def schema_behind(exc: BaseException) -> bool:
+    """True when ``exc`` says the database lacks a stored function of this release: the
+    code was deployed before ``migrate`` ran (see :func:`unavailable`'s advice)."""
+    return describe(exc)[0] == "schema"
 
 
 @contextmanager

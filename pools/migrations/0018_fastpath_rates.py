@@ -3,7 +3,11 @@
 ``pools_admit_v7`` checks and writes a rated pool's windows itself (``pools_ratemark``,
 migration 0017) instead of handing the pool to the Python pass: a rate that never binds
 costs a few index reads and an upsert per admission, not a second pass
-(``pools/pg/sql/admission_v7.sql``). Going back re-creates version 6.
+(``pools/pg/sql/admission_v7.sql``).
+
+Expand only: version 6 stays, so the previous release's web processes and workers keep
+calling it while this release migrates and rolls out (``docs/howto/upgrading.md``). Its
+functions are dropped one release later. Going back drops version 7.
 """
 
 from __future__ import annotations
@@ -38,12 +42,20 @@ DROP FUNCTION IF EXISTS pools_out{v}(
 """
 
 
-def _swap(create: int, drop: int) -> Any:
+def _create(version: int) -> Any:
     def run(apps: Any, schema_editor: Any) -> None:
         if schema_editor.connection.vendor == "postgresql":
             with schema_editor.connection.cursor() as cursor:
-                cursor.execute((SQL_DIR / f"admission_v{create}.sql").read_text())
-                cursor.execute(_drop(drop))
+                cursor.execute((SQL_DIR / f"admission_v{version}.sql").read_text())
+
+    return run
+
+
+def _drop_version(version: int) -> Any:
+    def run(apps: Any, schema_editor: Any) -> None:
+        if schema_editor.connection.vendor == "postgresql":
+            with schema_editor.connection.cursor() as cursor:
+                cursor.execute(_drop(version))
 
     return run
 
@@ -51,4 +63,4 @@ def _swap(create: int, drop: int) -> Any:
 class Migration(migrations.Migration):
     dependencies = [("pools", "0017_pool_rates")]
 
-    operations = [migrations.RunPython(_swap(7, 6), _swap(6, 7))]
+    operations = [migrations.RunPython(_create(7), _drop_version(7))]

@@ -37,7 +37,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
 
 from pools import conf, signals
-from pools.core.locking import BOUND, bound_params, unavailable
+from pools.core.locking import BOUND, bound_params, schema_behind, unavailable
 from pools.models import PoolEvent
 
 
@@ -144,9 +144,19 @@ class Reply:
 
 
 def decode(
-    columns: Sequence[str], rows: Sequence[Sequence[Any]], *, committed: bool = False
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    committed: bool = False,
+    jsonb_as_text: bool = False,
 ) -> Reply:
-    """Rows of a v7 function as :class:`Row` objects, by column name (``o_`` dropped)."""
+    """Rows of a v7 function as :class:`Row` objects, by column name (``o_`` dropped).
+
+    ``jsonb_as_text``: the connection hands ``jsonb`` columns over as their JSON text (Django's
+    connection does, for its ``JSONField``); pools' own connection hands them over decoded.
+    Either way a stored value decodes: a ``jsonb`` string (the display text of arguments
+    Celery serialized with types JSON does not have) stays the string it is.
+    """
     names = [c[2:] if c.startswith("o_") else c for c in columns]
     unknown = set(names) - _NAMES
     if unknown:  # pragma: no cover - a function and this module disagree
@@ -155,7 +165,7 @@ def decode(
     for values in rows:
         data = dict(zip(names, values, strict=True))
         for name in _JSON & data.keys():
-            data[name] = json_value(data[name])
+            data[name] = json_value(data[name], as_text=jsonb_as_text)
         decoded.append(Row(**data))
     return Reply(decoded, committed=committed)
 
@@ -189,9 +199,11 @@ def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
             while cursor.description is None and cursor.nextset():
                 pass  # past the SET results
             columns = [c.name for c in cursor.description or ()]
-            return decode(columns, cursor.fetchall())
-    except (IntegrityError, ProgrammingError):
-        raise  # a bug or a missing migration, not an outage: do not disguise it
+            return decode(columns, cursor.fetchall(), jsonb_as_text=True)
+    except (IntegrityError, ProgrammingError) as exc:
+        if schema_behind(exc):  # deployed before 'migrate': say so, as an outage
+            raise unavailable(what, exc) from exc
+        raise  # a bug, not an outage: do not disguise it
     except DatabaseError as exc:
         raise unavailable(what, exc) from exc
 
@@ -281,6 +293,8 @@ def _call_own(query: str, args: list[Any], what: str) -> Reply:
     except psycopg.IntegrityError as exc:
         raise IntegrityError(str(exc)) from exc
     except psycopg.ProgrammingError as exc:
+        if schema_behind(exc):
+            raise unavailable(what, exc) from exc
         raise ProgrammingError(str(exc)) from exc
     except psycopg.Error as exc:
         if _own.conn is not None and (_own.conn.broken or _own.conn.closed):
@@ -293,6 +307,13 @@ def jsonb(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
 
-def json_value(value: Any) -> Any:
-    """A ``jsonb`` column as Python data (drivers may hand it over as text)."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
+def json_value(value: Any, *, as_text: bool) -> Any:
+    """A ``jsonb`` column as Python data.
+
+    ``as_text``: the driver handed it over as JSON text (always valid JSON: PostgreSQL wrote
+    it), which is parsed; otherwise the driver decoded it and it is returned as it is. Only
+    the connection knows which: a decoded ``jsonb`` string is a ``str`` too.
+    """
+    if as_text and isinstance(value, str | bytes):
+        return json.loads(value)
+    return value

@@ -3,7 +3,8 @@
 Each ``pools/pg/sql/admission_vN.sql`` is created by a migration that other databases have
 already applied; editing it would make fresh installs and upgraded ones run different
 functions under the same name. So the files are pinned here by checksum. To change the
-functions, add ``admission_v(N+1).sql`` and a migration that creates it and drops vN,
+functions, add ``admission_v(N+1).sql`` and a migration that creates it (vN stays until the
+next release drops it: expand/contract, see docs/howto/upgrading.md),
 switch the callers (:mod:`pools.pg.fastpath` users) to it, and pin the new file below.
 """
 
