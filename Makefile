@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo test test-lowest test-sqlite test-postgres test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client lint docs services clean
+.PHONY: install demo test test-lowest test-sqlite test-postgres test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client pgbouncer test-pgbouncer lint docs services clean
 
 $(STAMP): pyproject.toml | mysql-client
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -117,6 +117,32 @@ test-mariadb: install
 		tests/unit/test_service_requirement.py \
 		$(MARIADB_ACCEPTANCE)
 
+# Debian's PgBouncer (1.18 on Debian 12) for the transaction-pooler tier. Installed with apt
+# when missing; still missing afterwards is an error, not a skip.
+PGBOUNCER := $(shell command -v pgbouncer || echo /usr/sbin/pgbouncer)
+pgbouncer:
+	@test -x $(PGBOUNCER) || ($(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq pgbouncer)
+	@test -x $(PGBOUNCER) || (echo "pgbouncer is missing: apt-get install pgbouncer" && exit 1)
+
+# The core acceptance tests with real workers, every database connection (tests and workers)
+# through a PgBouncer of our own in transaction mode (scripts/pgbouncer/, port
+# PGBOUNCER_PORT, in front of 127.0.0.1:5432) and Django's settings for it
+# (OPTIONS prepare_threshold=None, DISABLE_SERVER_SIDE_CURSORS); Redis db 10/11. ~3 min.
+PGBOUNCER_PORT ?= 6433
+PGBOUNCER_REDIS ?= redis://127.0.0.1:6379
+PGBOUNCER_TESTS := tests/acceptance/test_pgbouncer.py tests/acceptance/test_gate_workers.py \
+	tests/acceptance/test_worker_gate.py tests/acceptance/test_enqueue_in_transaction.py \
+	tests/acceptance/test_typed_arguments.py \
+	"tests/acceptance/test_faults.py::test_faults__sigkilled_worker_claims_return_through_the_beat_sweep" \
+	tests/integration/test_enqueue_in_transaction.py
+test-pgbouncer: install services pgbouncer
+	POOLS_PGBOUNCER_PORT=$(PGBOUNCER_PORT) bash scripts/pgbouncer/start.sh
+	POOLS_TEST_DB=postgres POOLS_PG_PORT=$(PGBOUNCER_PORT) POOLS_PG_POOLER=transaction \
+	CELERY_BROKER_URL=$(PGBOUNCER_REDIS)/10 CELERY_RESULT_BACKEND=$(PGBOUNCER_REDIS)/11 \
+	$(BIN)/pytest -q $(PGBOUNCER_TESTS); status=$$?; \
+	POOLS_PGBOUNCER_PORT=$(PGBOUNCER_PORT) bash scripts/pgbouncer/stop.sh; exit $$status
+
 # Debian's Chromium for the browser tests (Playwright never downloads a browser here).
 # Installed with apt when missing; still missing afterwards is an error, not a skip.
 browsers:
@@ -139,7 +165,7 @@ test-peer: install services
 peer-full: install services
 	$(BIN)/python -m tests.peer.run
 
-test: browsers lint docs test-sqlite test-postgres test-lowest test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer
+test: browsers lint docs test-sqlite test-postgres test-lowest test-upgrade test-mariadb test-rabbitmq test-pgbouncer test-chaos test-browser test-peer
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .site .pytest_cache

@@ -185,6 +185,61 @@ def _db_reuse_max(app: Celery | None) -> object:
     return getattr(settings, "CELERY_DB_REUSE_MAX", None)
 
 
+# --------------------------------------------------------------------------- transaction poolers
+
+
+def _pooler_configured(db: Any) -> bool:
+    """``OPTIONS["prepare_threshold"] = None``: Django's setting for a transaction pooler."""
+    options = db.settings_dict.get("OPTIONS") or {}
+    return "prepare_threshold" in options and options["prepare_threshold"] is None
+
+
+@register(deploy=False)
+def check_transaction_pooler(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """PostgreSQL behind a transaction pooler (PgBouncer ``pool_mode = transaction``).
+
+    What pools does on PostgreSQL works through one (each operation is one transaction;
+    its bounds are ``SET LOCAL``; no advisory lock, ``LISTEN``, server-side cursor or
+    session ``SET``) once pools' own connection prepares no statements, which follows
+    ``OPTIONS["prepare_threshold"] = None``. These warn about settings that do not.
+    """
+    from pools import conf
+
+    db = connections["default"]
+    if db.vendor != "postgresql" or not _pooler_configured(db):
+        return []
+    messages: list[CheckMessage] = []
+    if conf.get().PREPARED_STATEMENTS:
+        messages.append(
+            Warning(
+                "POOLS['PREPARED_STATEMENTS'] is True while DATABASES['default']['OPTIONS']"
+                "['prepare_threshold'] is None (the setting for a transaction pooler): "
+                "through PgBouncer in transaction mode every start and settle of a pooled "
+                "task then fails with 'prepared statement \"_pg3_0\" already exists', and "
+                "pools' own connection sets its statement bound once per session, which does "
+                "not follow it from one server connection to the next.",
+                id="pools.W040",
+                hint="Remove POOLS['PREPARED_STATEMENTS'] (it then follows prepare_threshold) "
+                "or set it to False. Keep True only with a direct connection or a pooler in "
+                "session mode.",
+            )
+        )
+    if not db.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        messages.append(
+            Warning(
+                "DATABASES['default']['OPTIONS']['prepare_threshold'] is None (a transaction "
+                "pooler) but DISABLE_SERVER_SIDE_CURSORS is not set: QuerySet.iterator() "
+                "outside a transaction declares a cursor on one server connection and reads "
+                "it on another ('cursor ... does not exist'). pools itself uses none at run "
+                "time; your code and other apps may.",
+                id="pools.W041",
+                hint="Set DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'] = True, as "
+                "Django's documentation says for transaction pooling.",
+            )
+        )
+    return messages
+
+
 # --------------------------------------------------------------------------- MySQL / MariaDB
 
 #: Isolation levels under which admission is correct and does not block on gap locks.

@@ -56,6 +56,11 @@ class PoolsSettings:
     #: "queues": ["celery"]}`` admits every task without ``@pooled`` routed to one of
     #: ``queues`` through that pool (synced like a pool of ``DEFINITIONS``).
     DEFAULT_POOL: dict[str, Any] | None = None
+    #: Server-side prepared statements on pools' own worker connection (PostgreSQL fast
+    #: path). ``None`` follows ``DATABASES["default"]["OPTIONS"]["prepare_threshold"]``:
+    #: off when that is ``None`` (Django's setting for a transaction pooler such as
+    #: PgBouncer), on otherwise. Off, the connection also keeps no session state.
+    PREPARED_STATEMENTS: bool | None = None
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -113,6 +118,13 @@ def _load() -> PoolsSettings:
                 raise PoolConfigurationError(
                     f"settings.POOLS[{key!r}] must be a positive integer (bytes), got {value!r}."
                 )
+    if raw.get("PREPARED_STATEMENTS") is not None and not isinstance(
+        raw["PREPARED_STATEMENTS"], bool
+    ):
+        raise PoolConfigurationError(
+            "settings.POOLS['PREPARED_STATEMENTS'] must be None (follow DATABASES OPTIONS"
+            f"['prepare_threshold']), True or False, got {raw['PREPARED_STATEMENTS']!r}."
+        )
     for key in _BOOLEANS:
         if key in raw and not isinstance(raw[key], bool):
             raise PoolConfigurationError(

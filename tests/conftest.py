@@ -4,7 +4,8 @@ failed under CI.
 Markers pick the database a test needs; a test whose database is not the one under test
 is deselected (not skipped, not failed): ``postgres`` (PostgreSQL only: stored functions,
 ``pg_*`` views), ``mysql`` (MariaDB/MySQL only), ``server_db`` (a database server,
-PostgreSQL or MariaDB/MySQL: real worker processes share it).
+PostgreSQL or MariaDB/MySQL: real worker processes share it), ``pgbouncer`` (only through
+the PgBouncer of ``make test-pgbouncer``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from django.conf import settings
 from pytest_django import Settings
 
+from tests import pgbouncer
 from tests.bridge import RecordingBridge
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -48,7 +50,16 @@ def db_vendor() -> str:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "pgbouncer: runs only through PgBouncer (make test-pgbouncer; deselected otherwise)",
+    )
+
+
 def _runs_here(item: pytest.Item, vendor: str) -> bool:
+    if item.get_closest_marker("pgbouncer") and not pgbouncer.ACTIVE:
+        return False
     if item.get_closest_marker("postgres") and vendor != "postgresql":
         return False
     if item.get_closest_marker("mysql") and vendor != "mysql":
@@ -71,6 +82,8 @@ def _database_server() -> None:
     vendor = db_vendor()
     if vendor == "postgresql":
         require_service("PostgreSQL", "127.0.0.1", 5432)
+        if pgbouncer.ACTIVE:  # make test-pgbouncer: the connections go through it
+            require_service("PgBouncer", "127.0.0.1", pgbouncer.port())
     if vendor == "mysql":
         db = settings.DATABASES["default"]
         require_service("MariaDB/MySQL", str(db["HOST"]), int(str(db["PORT"])))
@@ -81,6 +94,8 @@ def _services(request: pytest.FixtureRequest) -> None:
     vendor = db_vendor()
     if vendor == "postgresql":
         require_service("PostgreSQL", "127.0.0.1", 5432)
+        if pgbouncer.ACTIVE:  # make test-pgbouncer: the connections go through it
+            require_service("PgBouncer", "127.0.0.1", pgbouncer.port())
     if vendor == "mysql":
         db = settings.DATABASES["default"]
         require_service("MariaDB/MySQL", str(db["HOST"]), int(str(db["PORT"])))
@@ -122,3 +137,21 @@ def admission_path(request: pytest.FixtureRequest, settings: Settings) -> str:
 
 #: Apps whose tables a transactional test flushes (much faster than flushing every app).
 POOL_APPS = ["pools", "django_celery_beat", "tests.testapp"]
+
+
+if pgbouncer.ACTIVE:
+    # PgBouncer keeps server connections to the test database open after the suite closes
+    # its own, and PostgreSQL refuses to drop a database in use: let go of them before
+    # pytest-django creates the test database and before it drops it.
+
+    @pytest.fixture(scope="session")
+    def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+        pgbouncer.release(str(settings.DATABASES["default"]["TEST"]["NAME"]))
+
+    @pytest.fixture(scope="session", autouse=True)
+    def _pgbouncer_lets_go_of_the_test_database(django_db_setup: None) -> Iterator[None]:
+        yield
+        from django.db import connections
+
+        connections.close_all()
+        pgbouncer.release(str(settings.DATABASES["default"]["TEST"]["NAME"]))

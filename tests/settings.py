@@ -1,6 +1,7 @@
 """Settings for the test suite.
 
-``POOLS_TEST_DB=postgres`` runs on PostgreSQL (127.0.0.1:5432, user postgres);
+``POOLS_TEST_DB=postgres`` runs on PostgreSQL (127.0.0.1:5432, user postgres; ``POOLS_PG_PORT``
+another port, ``POOLS_PG_POOLER=transaction`` for a transaction pooler on that port);
 ``POOLS_TEST_DB=mysql`` on MariaDB/MySQL (``POOLS_MYSQL_HOST``/``_PORT``/``_USER``/``_PASSWORD``,
 default 127.0.0.1:3306 root without password; database ``POOLS_MYSQL_NAME``, test database
 ``POOLS_MYSQL_TEST_NAME``); the default is SQLite in WAL mode with IMMEDIATE transactions.
@@ -59,7 +60,7 @@ STATIC_URL = "/static/"
 
 DB_KIND = os.environ.get("POOLS_TEST_DB", "sqlite")
 if DB_KIND == "postgres":
-    DATABASES = {
+    DATABASES: dict[str, dict[str, Any]] = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": os.environ.get("POOLS_PG_NAME", "pools"),
@@ -69,6 +70,13 @@ if DB_KIND == "postgres":
             "TEST": {"NAME": os.environ.get("POOLS_PG_TEST_NAME", "test_pools")},
         }
     }
+    # Through a transaction pooler (`make test-pgbouncer`: POOLS_PG_PORT is PgBouncer's port
+    # and POOLS_PG_POOLER=transaction): Django's documented settings for one.
+    if os.environ.get("POOLS_PG_POOLER") == "transaction":
+        DATABASES["default"]["OPTIONS"] = {"prepare_threshold": None}
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    elif os.environ.get("POOLS_PG_POOLER"):
+        raise ValueError("POOLS_PG_POOLER must be 'transaction' or unset")
 elif DB_KIND == "mysql":
     DATABASES = {
         "default": {
@@ -138,6 +146,10 @@ if os.environ.get("POOLS_TEST_SERIALIZERS"):
 # The default-pool acceptance test starts workers with POOLS["DEFAULT_POOL"] (JSON).
 if os.environ.get("POOLS_TEST_DEFAULT_POOL"):
     POOLS["DEFAULT_POOL"] = json.loads(os.environ["POOLS_TEST_DEFAULT_POOL"])
+
+# The PgBouncer tier's sabotage twin forces pools' own connection to prepare statements.
+if os.environ.get("POOLS_TEST_PREPARED_STATEMENTS"):
+    POOLS["PREPARED_STATEMENTS"] = os.environ["POOLS_TEST_PREPARED_STATEMENTS"] == "1"
 
 # Extra task modules for the fault-tolerance acceptance tests.
 CELERY_IMPORTS = [

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Value, When
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 
 from pools import conf
@@ -72,6 +72,7 @@ from pools.exceptions import (
     PoolDraining,
     PoolFull,
     PoolPaused,
+    PoolUnavailable,
     UnknownPool,
 )
 from pools.models import (
@@ -89,6 +90,8 @@ from pools.models import (
 )
 from pools.pg import fastpath
 from pools.specs import NAMED_RANK, gate_rank
+
+logger = logging.getLogger("pools.admission")
 
 #: ``reason`` of a held entry whose termination was requested (``cancel(terminate=True)``).
 TERMINATING = "terminating"
@@ -637,6 +640,10 @@ def enqueue(sub: Submission) -> Enqueued:
     budgeted = budgets.may_have_budget(sub) and bool(
         sub.spec.budget or budgets.has_budget(budgets.run_id_of(sub))
     )
+    if not budgeted and _in_callers_transaction():  # no pool lock until the caller commits
+        written = _enqueue_in_callers_transaction(sub, now, deadline)
+        if written is not None:
+            return written
     # A task of a run with a budget takes the Python path: its run's row is locked first.
     if sub.plain and not budgeted and fastpath.enabled():
         enqueued = _enqueue_in_one_call(sub, now, deadline)
@@ -708,47 +715,10 @@ def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -
             QueueEntry.objects.filter(
                 key=sub.key, idempotency_key=sub.idempotency_key, state__in=HELD_STATES
             ).update(idempotency_key=None)
-        entry = QueueEntry.objects.create(
-            key=sub.key,
-            task_name=sub.task_name,
-            args=_shown(sub.args),
-            kwargs=_shown(sub.kwargs),
-            options=sub.options,
-            demand=dict(spec.demand),
-            priority=spec.priority,
-            enqueued_at=now,
-            not_before=sub.not_before,
-            deadline=deadline,
-            origin=sub.origin,
-            root_id=sub.root_id or "",
-            parent_id=sub.parent_id or "",
-            attempt=sub.attempt,
-            job=sub.job,
-            concurrency_policy=sub.concurrency_policy,
-            pinned_worker=sub.pinned_worker,
-            idempotency_key=sub.idempotency_key,
-            fairness_key=sub.fairness_key,
-        )
+        entry = _create_entry(sub, now, deadline)
         delayed = sub.not_before is not None and sub.not_before > now
         joins = sub.not_before if delayed and sub.not_before else now
-        rows = []
-        for name, slots in spec.demand.items():
-            line_round, line_at, fairness_key = strategies.place(
-                pools[name], priority=spec.priority, at=joins, key=sub.fairness_key, delayed=delayed
-            )
-            rows.append(
-                Demand(
-                    entry=entry,
-                    pool=pools[name],
-                    slots=slots,
-                    state=DELAYED if delayed else EntryState.WAITING,
-                    priority=spec.priority,
-                    enqueued_at=joins,
-                    line_round=line_round,
-                    line_at=line_at,
-                    fairness_key=fairness_key,
-                )
-            )
+        rows = _demand_rows(sub, entry, pools, joins, delayed=delayed)
         Demand.objects.bulk_create(rows)
         events.transition(EventKind.ENQUEUED, [entry], at=now)
         if delayed and sub.not_before is not None:
@@ -770,6 +740,57 @@ def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -
         key=entry.key,
         admitted=any(a.entry_id == entry.queue_id for a in admissions),
     )
+
+
+def _create_entry(sub: Submission, now: datetime, deadline: datetime | None) -> QueueEntry:
+    """The entry row of a submit (its line rows are :func:`_demand_rows`)."""
+    return QueueEntry.objects.create(
+        key=sub.key,
+        task_name=sub.task_name,
+        args=_shown(sub.args),
+        kwargs=_shown(sub.kwargs),
+        options=sub.options,
+        demand=dict(sub.spec.demand),
+        priority=sub.spec.priority,
+        enqueued_at=now,
+        not_before=sub.not_before,
+        deadline=deadline,
+        origin=sub.origin,
+        root_id=sub.root_id or "",
+        parent_id=sub.parent_id or "",
+        attempt=sub.attempt,
+        job=sub.job,
+        concurrency_policy=sub.concurrency_policy,
+        pinned_worker=sub.pinned_worker,
+        idempotency_key=sub.idempotency_key,
+        fairness_key=sub.fairness_key,
+    )
+
+
+def _demand_rows(
+    sub: Submission, entry: QueueEntry, pools: dict[str, Pool], joins: datetime, *, delayed: bool
+) -> list[Demand]:
+    """One unsaved line row per pool of the entry, placed by each pool's strategy at ``joins``
+    (out of line, ``delayed``, until ``joins`` when ``delayed``)."""
+    rows = []
+    for name, slots in sub.spec.demand.items():
+        line_round, line_at, fairness_key = strategies.place(
+            pools[name], priority=sub.spec.priority, at=joins, key=sub.fairness_key, delayed=delayed
+        )
+        rows.append(
+            Demand(
+                entry=entry,
+                pool=pools[name],
+                slots=slots,
+                state=DELAYED if delayed else EntryState.WAITING,
+                priority=sub.spec.priority,
+                enqueued_at=joins,
+                line_round=line_round,
+                line_at=line_at,
+                fairness_key=fairness_key,
+            )
+        )
+    return rows
 
 
 def _supersede_on_enqueue(
@@ -857,7 +878,9 @@ def supersede_retries(job: str, *, reason: str) -> int:
     return end_waiting_of_job(job, state=EntryState.SUPERSEDED, reason=reason, retries_only=True)
 
 
-def _refuse(demand: dict[str, int], pools: dict[str, Pool], now: datetime) -> list[Finished]:
+def _refuse(
+    demand: dict[str, int], pools: dict[str, Pool], now: datetime, *, drop: bool = True
+) -> list[Finished]:
     """Raise the refusal that wins (docs/concepts/contract.md), if any; under the locks.
 
     Precedence: an unknown pool, then a demand above a pool's capacity, then a pool paused
@@ -865,7 +888,8 @@ def _refuse(demand: dict[str, int], pools: dict[str, Pool], now: datetime) -> li
     overflow policy is ``reject``; within each, the first pool by name.
     ``pools_enqueue_v7`` does the same, and hands the policies to this function.
     A full backlog with ``drop_oldest`` / ``drop_newest`` drops one waiting entry
-    instead (returned, already ended ``rejected``).
+    instead (returned, already ended ``rejected``); with ``drop=False`` (no locks held) it
+    raises :class:`_NeedsLocks` instead.
     """
     names = sorted(demand)
     for name in names:
@@ -886,6 +910,8 @@ def _refuse(demand: dict[str, int], pools: dict[str, Pool], now: datetime) -> li
         pool = pools[name]
         if pool.max_queued is not None and _line_reaches(pool, pool.max_queued):
             victim = None
+            if pool.overflow != OverflowPolicy.REJECT and not drop:
+                raise _NeedsLocks(name)
             if pool.overflow != OverflowPolicy.REJECT:
                 victim = _overflow_victim(pool, pools, {e.queue_id for _, e in victims})
             if victim is None:
@@ -1275,3 +1301,129 @@ def cancel_if_waiting(key: str, *, reason: str) -> bool:
     except (EntryNotFound, NotCancellable):
         return False
     return True
+
+
+# --------------------------------------------------------------------------- inside a caller's transaction
+#
+# An enqueue inside the caller's ``atomic()`` (every view under ``ATOMIC_REQUESTS``) would
+# hold the pool row lock until the caller commits, and every other enqueue, settle and
+# admission pass of the pool would wait for it. Instead it writes its entry and line rows
+# without the lock, out of line (``delayed``, due at the time of the call), and admission
+# runs after the caller commits. Refusals are decided at the call without locks, from the
+# committed state (docs/concepts/admission.md#calls-inside-a-transaction).
+
+
+class _NeedsLocks(Exception):
+    """A full pool would drop one of its entries (overflow policy): only under its lock."""
+
+
+def _in_callers_transaction() -> bool:
+    """True inside an ``atomic()`` block of the caller on PostgreSQL.
+
+    Not inside the blocks Django's ``TestCase`` wraps each test in (they never commit).
+    On SQLite an ``IMMEDIATE`` transaction holds the database's write lock from its start,
+    and on MariaDB/MySQL inserting a line row takes a shared lock on its pool row (InnoDB
+    checks foreign keys at once): there the enqueue keeps the locked path.
+    """
+    if connection.vendor != "postgresql" or not connection.in_atomic_block:
+        return False
+    return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
+
+
+def _supersedes(sub: Submission) -> bool:
+    """The submit ends older waiting entries of its job (``replace``, a beat fire)."""
+    if not sub.job:
+        return False
+    return sub.concurrency_policy == ConcurrencyPolicy.REPLACE or (
+        sub.origin == Origin.BEAT and not sub.attempt
+    )
+
+
+def _enqueue_in_callers_transaction(
+    sub: Submission, now: datetime, deadline: datetime | None
+) -> Enqueued | None:
+    """:func:`enqueue` inside the caller's transaction, without pool locks.
+
+    The refusals are checked against the pools' committed rows (no lock); the entry and
+    its line rows are written in the caller's transaction, ``delayed`` until the time of
+    the call, so no other process sees them before the caller commits and nothing is left
+    if it rolls back. PostgreSQL checks the line rows' foreign keys when the caller
+    commits, so no pool row is locked before then. After the commit
+    :func:`_admit_after_commit` puts the entry in line and runs admission.
+
+    ``None`` (nothing written) when the submit needs the locks: it ends other entries (a
+    ``replace`` job, a beat fire, a full pool's overflow drop); the caller then takes the
+    locked path.
+    """
+    spec = sub.spec
+    if _supersedes(sub):
+        return None
+    names = sorted(spec.demand)
+    with unavailable_on_error(f"pools {', '.join(names)}"), transaction.atomic():
+        pools = {p.name: p for p in Pool.objects.filter(name__in=names)}
+        try:
+            _refuse(spec.demand, pools, now, drop=False)
+        except _NeedsLocks:
+            return None
+        if sub.attempt and sub.idempotency_key is not None:
+            QueueEntry.objects.filter(
+                key=sub.key, idempotency_key=sub.idempotency_key, state__in=HELD_STATES
+            ).update(idempotency_key=None)
+        entry = _create_entry(sub, now, deadline)
+        joins = sub.not_before if sub.not_before and sub.not_before > now else now
+        Demand.objects.bulk_create(_demand_rows(sub, entry, pools, joins, delayed=True))
+        events.transition(EventKind.ENQUEUED, [entry], at=now)
+    # robust: an unexpected error is logged, never raised out of the caller's commit.
+    transaction.on_commit(lambda: _admit_after_commit(names, joins), robust=True)
+    return Enqueued(entry_id=entry.queue_id, key=entry.key, admitted=False)
+
+
+def _admit_after_commit(names: list[str], due: datetime) -> None:
+    """After the caller committed: the entry is due at ``due``; admission runs now.
+
+    Two short transactions: the pools' ``next_due_at`` is brought forward under their
+    locks, then an ordinary admission pass (:func:`admit`) puts the entry in line and
+    admits what fits. Never raises into the caller's commit: if the pools cannot be
+    locked now, the sweep's :func:`note_due_entries` finds the entry and admits it.
+    """
+    try:
+        with locked_pools(names) as pools:
+            _note_due(pools, [n for n in names if n in pools], due)
+        admit(names)
+    except PoolUnavailable as exc:
+        logger.warning(
+            "Admission after commit of an entry of pools %s deferred to the sweep: %s",
+            ", ".join(names),
+            exc,
+        )
+
+
+def note_due_entries() -> int:
+    """Pools with delayed line rows due before their ``next_due_at`` get it corrected.
+
+    Admission looks at a pool's delayed rows only from its ``next_due_at``, which an
+    enqueue inside a caller's transaction sets after the commit: a process that died
+    between its commit and that moment leaves rows no pass would look at. The sweep
+    calls this: one query, an index probe per pool (``pools_demand_delayed``), and a lock
+    only for a pool that needs it. Returns how many pools were corrected.
+    """
+    delayed = Demand.objects.delayed().filter(pool_id=OuterRef("pk"))
+    suspects = list(
+        Pool.objects.filter(
+            Q(Exists(delayed), next_due_at__isnull=True)
+            | Q(Exists(delayed.filter(enqueued_at__lt=OuterRef("next_due_at"))))
+        ).values_list("name", flat=True)
+    )
+    for name in suspects:
+        with locked_pools([name]) as pools:
+            if name in pools:
+                first = (
+                    Demand.objects.delayed()
+                    .filter(pool_id=pools[name].pk)
+                    .order_by("enqueued_at")
+                    .values_list("enqueued_at", flat=True)
+                    .first()
+                )
+                if first is not None:
+                    _note_due(pools, [name], first)
+    return len(suspects)

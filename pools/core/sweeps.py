@@ -54,6 +54,7 @@ def sweep(now: datetime | None = None) -> SweepReport:
     held_fixed = check_held()
     requeued = reclaim(now)
     expired = admission.expire_due(now)
+    admission.note_due_entries()  # entries of a caller that died right after its commit
     admitted = len(admission.admit_all())
     report = SweepReport(
         requeued=requeued,

@@ -14,7 +14,10 @@ return one event row per transition, and the caller sends the signals after comm
 ``worker_process_init``) a call made outside any transaction of Django's connection runs
 on a connection of pools' own, opened with Django's connection parameters, kept for the
 life of the process (one per thread), in autocommit, with the statement bound set once
-per session and each function call a server-side prepared statement. Celery's Django
+per session and each function call a server-side prepared statement (or, with prepared
+statements off — :func:`prepared_statements`, for a transaction pooler such as PgBouncer —
+no session state at all: each call sends its bound as ``SET LOCAL`` in its own query
+string, as on Django's connection). Celery's Django
 fixup closes Django's connections around every task unless ``CELERY_DB_REUSE_MAX`` is
 set; it does not know this one, so start and settle never pay a reconnect, and
 PostgreSQL parses and plans each call once per connection, not once per call. Inside a
@@ -249,6 +252,27 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=lambda: close_own_connection())
 
 
+def prepared_statements() -> bool:
+    """True when pools' own connection prepares its calls on the server.
+
+    ``POOLS["PREPARED_STATEMENTS"]`` when it is set; otherwise off exactly when the
+    database's ``OPTIONS["prepare_threshold"]`` is ``None``, the setting Django documents
+    for a transaction pooler (PgBouncer ``pool_mode = transaction``), where a statement
+    prepared on one server connection is missing, or already there, on the next. Off, the
+    connection keeps no session state either (see :func:`_call_own`).
+    """
+    chosen = conf.get().PREPARED_STATEMENTS
+    if chosen is not None:
+        return chosen
+    options = connection.settings_dict.get("OPTIONS") or {}
+    return not ("prepare_threshold" in options and options["prepare_threshold"] is None)
+
+
+def _prepare_params() -> dict[str, Any]:
+    """Connection parameters of the prepare switch: none, or psycopg's ``prepare_threshold=None``."""
+    return {} if prepared_statements() else {"prepare_threshold": None}
+
+
 def _connect() -> Any:
     """This thread's own connection, opened (or reopened after a fork or an error) if needed."""
     conn = _own.conn
@@ -266,10 +290,10 @@ def _connect() -> Any:
             for k, v in connection.get_connection_params().items()
             if k not in {"cursor_factory", "context", "prepare_threshold"}
         }
-        conn = psycopg.connect(autocommit=True, **params)  # prepare=True on each call
+        conn = psycopg.connect(autocommit=True, **params, **_prepare_params())
         _own.conn, _own.pid, _own.timeout_ms = conn, os.getpid(), -1
     ms = lock_ms()
-    if _own.timeout_ms != ms:
+    if _own.timeout_ms != ms and prepared_statements():  # else SET LOCAL per call
         conn.execute(f"SET statement_timeout = {ms}")  # an int: nothing to quote
         _own.timeout_ms = ms
     return conn
@@ -281,13 +305,24 @@ def own_backend_pid() -> int:
 
 
 def _call_own(query: str, args: list[Any], what: str) -> Reply:
-    """One call on pools' own connection, as a server-side prepared statement."""
+    """One call on pools' own connection, as a server-side prepared statement.
+
+    With prepared statements off (:func:`prepared_statements`) the call is sent as Django
+    sends it: client-side bound, after ``SET LOCAL`` of the bound in the same query string
+    (one implicit transaction), so nothing outlives the call on the server connection.
+    """
     import psycopg
 
     try:
         conn = _connect()
-        with conn.cursor() as cursor:
-            cursor.execute(query, args, prepare=True)
+        prepared = prepared_statements()
+        with conn.cursor() if prepared else psycopg.ClientCursor(conn) as cursor:
+            if prepared:
+                cursor.execute(query, args, prepare=True)
+            else:
+                cursor.execute(f"{BOUND}{query}", [*bound_params(), *args], prepare=False)
+                while cursor.description is None and cursor.nextset():
+                    pass  # past the SET results
             columns = [c.name for c in cursor.description or ()]
             return decode(columns, cursor.fetchall(), committed=True)
     except psycopg.IntegrityError as exc:

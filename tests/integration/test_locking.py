@@ -267,24 +267,49 @@ def test_lock_timeout__settle_raises_and_the_claim_is_still_held(
     assert recorder.keys() == ["run", "next"]
 
 
-def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(
+def test_inside_the_callers_transaction__enqueue_waits_for_no_pool_lock(
     recorder: RecordingBridge, settings: Settings, admission_path: str
 ) -> None:
-    """A refused enqueue in ``transaction.atomic()`` rolls back only its own work."""
+    """In ``transaction.atomic()`` an enqueue takes no pool lock: another session holding
+    the pool's row does not make it wait (before, this raised ``PoolUnavailable`` after
+    the bound); both calls are admitted after the caller commits."""
     from django.db import transaction
 
     make_pool("p", 1)
     make_pool("other", 1)
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
     with transaction.atomic():
-        assert submit("other", key="kept").admitted
-        with pool_row_locked("p"), pytest.raises(PoolUnavailable, match=LOCK_TIMED_OUT):
-            submit("p", key="timed-out")
-        # The caller's transaction is still usable and keeps what it did before.
-        assert list(QueueEntry.objects.values_list("key", flat=True)) == ["kept"]
+        assert not submit("other", key="kept").admitted, "admitted after the commit"
+        with pool_row_locked("p"):
+            submit("p", key="behind-a-lock")
+        assert sorted(QueueEntry.objects.values_list("key", flat=True)) == [
+            "behind-a-lock",
+            "kept",
+        ]
         assert recorder.keys() == [], "nothing is published before the caller commits"
-    assert recorder.keys() == ["kept"]
-    assert not QueueEntry.objects.filter(key="timed-out").exists()
+    assert sorted(recorder.keys()) == ["behind-a-lock", "kept"]
+
+
+def test_inside_the_callers_transaction__a_refusal_leaves_it_usable(
+    recorder: RecordingBridge, settings: Settings, admission_path: str
+) -> None:
+    """A refused enqueue in ``transaction.atomic()`` rolls back only its own work."""
+    from django.db import transaction
+
+    from pools.exceptions import PoolFull
+
+    make_pool("p", 1, max_queued=1)
+    make_pool("other", 1)
+    submit("p", key="run")
+    submit("p", key="waits")
+    with transaction.atomic():
+        submit("other", key="kept")
+        with pytest.raises(PoolFull):
+            submit("p", key="refused")
+        # The caller's transaction is still usable and keeps what it did before.
+        assert "kept" in QueueEntry.objects.values_list("key", flat=True)
+    assert recorder.keys() == ["run", "kept"]
+    assert not QueueEntry.objects.filter(key="refused").exists()
 
 
 # --------------------------------------------------------------------------- (c) query count

@@ -82,7 +82,8 @@ def test_own_connection__inside_djangos_transaction_the_call_joins_it(recorder, 
 
     make_pool("p", 1)
     with transaction.atomic():
-        assert submit("p", key="a").admitted
+        assert not submit("p", key="a").admitted, "admitted after the caller commits"
+        assert QueueEntry.objects.filter(key="a").exists()
         assert recorder.keys() == [], "published only when the caller commits"
     assert recorder.keys() == ["a"]
 
@@ -151,3 +152,83 @@ def test_own_connection__a_forked_child_opens_its_own(recorder, own):
     assert submit("p", key="after-fork").admitted
     adm = recorder.admissions[0]
     assert leases.start(adm.entry_id, adm.token, worker="w") is not None
+
+
+def _session_statement_timeout() -> str:
+    """``statement_timeout`` of the own connection's session, outside any transaction."""
+    return str(fastpath._connect().execute("SHOW statement_timeout").fetchone()[0])
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_own_connection__prepared_statements_off_leaves_no_session_state(
+    recorder, own, settings, prepared
+):
+    """Off (``prepare_threshold=None`` in OPTIONS, or ``POOLS["PREPARED_STATEMENTS"]``):
+    nothing prepared and no session ``SET`` on the own connection, so a transaction
+    pooler can hand its server connection to anyone between calls. The ``prepared`` twin
+    shows both checks can fail."""
+    settings.POOLS = {**settings.POOLS, "PREPARED_STATEMENTS": prepared}
+    fastpath.close_own_connection()
+    make_pool("p", 1)
+    assert submit("p", key="a").admitted
+    adm = recorder.admissions[0]
+    assert leases.start(adm.entry_id, adm.token, worker="w") is not None
+    assert admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
+    prepared_now = " ".join(_own_prepared())
+    timeout = _session_statement_timeout()
+    if prepared:
+        assert "pools_start_v7" in prepared_now and "pools_settle_v7" in prepared_now
+        assert timeout == "5s"
+    else:
+        assert prepared_now == ""
+        assert timeout == "0"
+    assert QueueEntry.objects.get(key="a").state == EntryState.SUCCEEDED
+
+
+def test_own_connection__prepared_statements_off_still_bounds_each_call(recorder, own, settings):
+    """The bound goes with each call (``SET LOCAL`` in its query string): a lock wait past
+    it is ``PoolUnavailable`` and changes nothing, as with the session setting."""
+    import psycopg
+
+    settings.POOLS = {
+        **settings.POOLS,
+        "LOCK_TIMEOUT_SECONDS": 0.3,
+        "PREPARED_STATEMENTS": False,
+    }
+    fastpath.close_own_connection()
+    make_pool("p", 1)
+    assert submit("p", key="a").admitted
+    adm = recorder.admissions[0]
+    assert leases.start(adm.entry_id, adm.token, worker="w") is not None
+    params = {
+        k: v
+        for k, v in connection.get_connection_params().items()
+        if k not in {"cursor_factory", "context", "prepare_threshold"}
+    }
+    locker = psycopg.connect(**params)
+    try:
+        locker.execute("SELECT 1 FROM pools_pool WHERE name = 'p' FOR UPDATE")
+        with pytest.raises(PoolUnavailable, match=r"lock timeout|statement timeout"):
+            admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
+    finally:
+        locker.rollback()
+        locker.close()
+    assert QueueEntry.objects.get(key="a").state == EntryState.RUNNING
+    assert _session_statement_timeout() == "0"
+    assert admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_own_connection__statement_bound_holds_with_prepared_statements_on_and_off(
+    own, settings, prepared
+):
+    """``statement_timeout`` (which a function cannot set for its own statement) bounds a
+    call either way: the session setting, or ``SET LOCAL`` sent with the call."""
+    settings.POOLS = {
+        **settings.POOLS,
+        "LOCK_TIMEOUT_SECONDS": 0.2,
+        "PREPARED_STATEMENTS": prepared,
+    }
+    fastpath.close_own_connection()
+    with pytest.raises(PoolUnavailable, match="statement timeout"):
+        fastpath._call_own("SELECT * FROM pg_sleep(%s)", [2], "a slow call")
