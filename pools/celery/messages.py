@@ -310,3 +310,24 @@ def publish(
         confirm_timeout=confirm_timeout,
         **properties,
     )
+
+
+def parse_claim(value: Any) -> tuple[int, int] | None:
+    """Parse a ``"<entry id>:<token>"`` header; None if absent or malformed."""
+    if not isinstance(value, str) or ":" not in value:
+        return None
+    entry, _, token = value.partition(":")
+    try:
+        return int(entry), int(token)
+    except ValueError:
+        return None
+
+
+def claim_of(request: Any) -> tuple[int, int] | None:
+    """The ``(entry id, token)`` a delivery carries, from its headers or request attributes."""
+    if request is None:
+        return None
+    raw = (getattr(request, "headers", None) or {}).get(CLAIM_HEADER) or getattr(
+        request, "pools_claim", None
+    )
+    return parse_claim(raw)

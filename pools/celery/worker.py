@@ -17,13 +17,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from billiard import common as billiard_common
 from celery import current_task, signals
-from celery.exceptions import Ignore, WorkerLostError
+from celery.exceptions import Ignore
 from django.db import connection
 
 from pools import checks, conf
-from pools.celery import messages
+from pools.celery import messages, received
 from pools.celery.keeper import body_running, keeper
+from pools.celery.messages import claim_of
 from pools.core import admission, budgets, leases, locking, nodes
 from pools.core.leases import Claim
 from pools.exceptions import LeaseLost, PoolUnavailable
@@ -40,6 +42,8 @@ _claims: dict[str, Claim] = {}
 _claims_lock = threading.Lock()
 #: When the body of a delivery whose run has a budget started (``time.monotonic()``).
 _timed: dict[str, float] = {}
+#: Deliveries whose body was cut off by a terminate signal to this (pool) process.
+_exiting: set[str] = set()
 
 #: Celery task states -> entry outcome.
 OUTCOMES = {
@@ -56,27 +60,6 @@ def current_claim() -> Claim | None:
     """The claim held by the pooled task body running in this thread, if any."""
     claim: Claim | None = getattr(_local, "claim", None)
     return claim
-
-
-def parse_claim(value: Any) -> tuple[int, int] | None:
-    """Parse a ``"<entry id>:<token>"`` header; None if absent or malformed."""
-    if not isinstance(value, str) or ":" not in value:
-        return None
-    entry, _, token = value.partition(":")
-    try:
-        return int(entry), int(token)
-    except ValueError:
-        return None
-
-
-def claim_of(request: Any) -> tuple[int, int] | None:
-    """The ``(entry id, token)`` a delivery carries, from its headers or request attributes."""
-    if request is None:
-        return None
-    raw = (getattr(request, "headers", None) or {}).get("pools_claim") or getattr(
-        request, "pools_claim", None
-    )
-    return parse_claim(raw)
 
 
 def budget_of(request: Any) -> str:
@@ -141,8 +124,29 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
             logger.warning("%s[%s] stopped: lease lost", task.name, request.id)
             raise Ignore() from None
         raise
+    except SystemExit as exc:
+        if _terminated_by_signal(exc):
+            # The process is exiting and the body has stopped. Celery's main process
+            # reports it (WorkerLostError, or TimeLimitExceeded when the hard time limit
+            # sent the signal) and settles the entry from what it recorded at receipt
+            # (pools.celery.received): requeued, or failed.
+            with _claims_lock:
+                _exiting.add(request.id)
+        raise
     finally:
         _local.claim = None
+
+
+def _terminated_by_signal(exc: SystemExit) -> bool:
+    """True if billiard's terminate handler raised ``exc`` (SIGTERM/SIGQUIT to a pool process).
+
+    billiard turns those signals into ``sys.exit(-(256 - signum))`` inside the body; a
+    body's own ``sys.exit()`` is not one of them and settles as before.
+    """
+    fired = getattr(billiard_common, "terminate_handler_fired", None)
+    if fired is not None:
+        return bool(fired())
+    return isinstance(exc.code, int) and exc.code < 0
 
 
 def start_claim(entry_id: int, token: int, *, worker: str, what: str) -> Claim | None:
@@ -218,9 +222,19 @@ def _settle_after_run(
     with _claims_lock:
         claim = _claims.pop(task_id, None)
         started = _timed.pop(task_id, None)
+        exiting = task_id in _exiting
+        _exiting.discard(task_id)
     if claim is None:
         return
     lost, expires_at = keeper.release(claim.entry_id)
+    if exiting:
+        logger.warning(
+            "%s: its pool process is exiting (signal) under the body of entry %s; the main "
+            "process settles it",
+            task_id,
+            claim.entry_id,
+        )
+        return
     locking.drop_broken_connection()
     if started is not None and not lost:
         _charge_seconds(claim, started)
@@ -250,36 +264,16 @@ def _settle_after_run(
 @signals.task_revoked.connect(dispatch_uid="pools.celery.worker.revoked")
 def _release_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     """A revoked/terminated/expired delivery (worker main process) gives its slots back."""
-    parsed = claim_of(request)
+    task_id = getattr(request, "id", None)
+    parsed = received.claim_for(task_id, request)
     if parsed is None:
         return
+    if task_id:
+        received.forget(task_id)
     try:
         admission.settle(parsed[0], parsed[1], "cancelled", reason="revoked")
     except Exception:
         logger.exception("Could not release revoked entry %s; its lease will lapse", parsed[0])
-
-
-@signals.task_failure.connect(dispatch_uid="pools.celery.worker.lost")
-def _requeue_lost(
-    sender: Any = None, exception: BaseException | None = None, **kwargs: Any
-) -> None:
-    """A pool process died under a pooled body (SIGKILL, OOM killer): requeue it at once.
-
-    Celery's main process reports the death as ``WorkerLostError`` with the request of the
-    lost delivery; the body cannot be running any more, so its slots need not wait for the
-    lease to lapse. (With ``task_reject_on_worker_lost`` Celery redelivers the message
-    instead and sends no signal; then the lease lapses as for a lost node.)
-    """
-    if not isinstance(exception, WorkerLostError):
-        return
-    parsed = claim_of(getattr(sender, "request", None))
-    if parsed is None:
-        return
-    try:
-        if admission.requeue(parsed[0], parsed[1], reason="worker lost"):
-            logger.warning("Entry %s requeued: its worker process was lost", parsed[0])
-    except Exception:
-        logger.exception("Could not requeue lost entry %s; its lease will lapse", parsed[0])
 
 
 class _NodeHeartbeat(threading.Thread):
@@ -372,33 +366,32 @@ def _start_node_heartbeat(sender: Any = None, **kwargs: Any) -> None:
 
 @signals.worker_shutting_down.connect(dispatch_uid="pools.celery.worker.release_reserved")
 def _release_reserved(sender: Any = None, **kwargs: Any) -> None:
-    """Give back the slots of deliveries this worker reserved but will not run.
+    """Give back the slots of deliveries this worker received but will not run.
 
-    With a prefetch multiplier above 1 a worker holds admitted messages it has not
-    started. On shutdown the broker gets them back, but their entries would keep their
-    slots until another worker starts them or their lease lapses. Requeueing them when
-    the shutdown begins (warm or cold; the main process, which runs no task bodies) puts
-    them back in line at once; the returned messages are then stale and skipped, and one
-    that starts anyway during a warm shutdown finds its token stale.
+    A worker holds admitted messages it has not started: prefetched behind a busy pool
+    process, an ETA not yet due, Celery's ``rate_limit`` bucket. On shutdown the broker
+    gets them back, but their entries would keep their slots until another worker starts
+    them or their lease lapses (the main process renews them while it holds them).
+    Requeueing them when the shutdown begins (warm or cold; the main process, which runs
+    no task bodies) puts them back in line at once; the returned messages are then stale
+    and skipped, and one that starts anyway during a warm shutdown finds its token stale.
     """
     from celery.worker import state
 
     active = {r.id for r in list(state.active_requests)}
+    claims = {r.task_id: (r.entry_id, r.token) for r in received.waiting()}
     for request in list(state.reserved_requests):
-        parsed = claim_of(_headers_of(request))
-        if request.id in active or parsed is None:
+        parsed = claim_of(received.headers_of(request))
+        if parsed is not None and request.id not in active:
+            claims.setdefault(request.id, parsed)
+    for task_id, (entry_id, token) in claims.items():
+        if task_id in active:
             continue
+        received.forget(task_id)
         try:
-            admission.requeue(*parsed, reason="worker shutdown")
+            admission.requeue(entry_id, token, reason="worker shutdown")
         except Exception:
-            logger.warning(
-                "Could not requeue entry %s at shutdown; its lease will lapse", parsed[0]
-            )
-
-
-def _headers_of(request: Any) -> Any:
-    message = getattr(request, "message", None)
-    return message if message is not None else request
+            logger.warning("Could not requeue entry %s at shutdown; its lease will lapse", entry_id)
 
 
 @signals.worker_shutdown.connect(dispatch_uid="pools.celery.worker.shutdown")

@@ -274,3 +274,51 @@ def ticking(where: str, seconds: float, tick: float = 0.25) -> dict[str, Any]:
         raise
     note(where, "ticks", event="end", **ctx)
     return ctx
+
+
+# --------------------------------------------------------------------------- every end
+
+#: Pool of the "every way a body ends" tests (hard time limit, signals, held messages).
+ENDS_POOL = "faults-ends"
+#: Pool of the Celery ``rate_limit`` test.
+RATED_POOL = "faults-rated"
+
+
+@shared_task(time_limit=2, throws=(Exception,))
+@pooled(ENDS_POOL, slots=1)
+def hang_in_c(where: str) -> int:
+    """Stuck in one C call that never checks for signals: only the hard time limit stops it."""
+    note(where, "runs", event="start", name="hang", **_context())
+    return sum(range(10**11))
+
+
+@shared_task
+@pooled(ENDS_POOL, slots=1)
+def counted(where: str, name: str, seconds: float = 0.0) -> dict[str, Any]:
+    """Record each run (start and end) of call ``name``; sleep ``seconds`` in between."""
+    ctx = _context()
+    note(where, "runs", event="start", name=name, **ctx)
+    _sleep_until(time.time() + seconds)
+    note(where, "runs", event="end", name=name, **ctx)
+    return {"name": name, **ctx}
+
+
+@shared_task
+@pooled(ENDS_POOL, slots=1)
+def signalled(where: str, name: str, doomed: str) -> dict[str, Any]:
+    """Its first attempt on worker ``doomed`` waits for a signal (or ``<where>/go-<name>``)."""
+    ctx = _context()
+    note(where, "runs", event="start", name=name, **ctx)
+    if ctx["token"] == 1 and ctx["hostname"] == doomed:
+        _wait_file(Path(where) / f"go-{name}")
+    note(where, "runs", event="end", name=name, **ctx)
+    return {"name": name, **ctx}
+
+
+@shared_task(rate_limit="6/m")
+@pooled(RATED_POOL, slots=1)
+def rated(where: str, name: str) -> dict[str, Any]:
+    """Celery's own per-worker ``rate_limit`` on a pooled task: one start per 10 s."""
+    ctx = _context()
+    note(where, "runs", event="start", name=name, **ctx)
+    return {"name": name, **ctx}
