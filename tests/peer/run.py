@@ -456,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test")
     parser.add_argument("--no-confirm", action="store_true")
     parser.add_argument(
+        "--tag", default=None, help="name of this run's logs and report (default: subset or full)"
+    )
+    parser.add_argument(
         "--fast-path",
         choices=("on", "off"),
         default="on",
@@ -480,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks_file = CACHE / "tasks.json"
     names = list_tasks(root, tasks_file)
     print(f"Celery {version}: {', '.join(files)}; {len(names)} tasks pooled in pooled modes")
-    tag = "subset" if args.subset else "full"
+    tag = args.tag or ("subset" if args.subset else "full")
     runs: dict[str, Run] = {}
     for mode in modes:
         saved = CACHE / "runs" / f"{tag}-{mode}.xml"
@@ -520,8 +523,8 @@ def main(argv: list[str] | None = None) -> int:
             # Run the differing tests again, alone, in both modes: keep what holds.
             again = selection_of(list(diff))
             print(f"   re-running {len(diff)} differing test(s) of {mode} in both modes")
-            plain2 = run_mode(root, "plain", files, again, args, tasks_file, "confirm")
-            mode2 = run_mode(root, mode, files, again, args, tasks_file, "confirm")
+            plain2 = run_mode(root, "plain", files, again, args, tasks_file, f"{tag}-confirm")
+            mode2 = run_mode(root, mode, files, again, args, tasks_file, f"{tag}-confirm")
             held = {
                 n: d
                 for n, d in diff.items()
