@@ -127,6 +127,14 @@ for _key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "SWEEP_SECONDS"):
     if os.environ.get(f"POOLS_{_key}"):
         POOLS[_key] = float(os.environ[f"POOLS_{_key}"])
 
+# The typed-arguments acceptance test runs the workers on one engine or the other.
+if os.environ.get("POOLS_TEST_SQL_FAST_PATH"):
+    POOLS["SQL_FAST_PATH"] = os.environ["POOLS_TEST_SQL_FAST_PATH"] == "1"
+# The typed-arguments acceptance test's workers take every serializer Celery ships (it
+# sends with each); callers still send JSON unless a call says otherwise.
+if os.environ.get("POOLS_TEST_SERIALIZERS"):
+    CELERY_ACCEPT_CONTENT = os.environ["POOLS_TEST_SERIALIZERS"].split(",")
+
 # The default-pool acceptance test starts workers with POOLS["DEFAULT_POOL"] (JSON).
 if os.environ.get("POOLS_TEST_DEFAULT_POOL"):
     POOLS["DEFAULT_POOL"] = json.loads(os.environ["POOLS_TEST_DEFAULT_POOL"])
@@ -136,6 +144,7 @@ CELERY_IMPORTS = [
     "tests.testapp.fault_tasks",
     "tests.browser.tasks",  # the browser scenario
     "tests.testapp.rate_tasks",  # the rate-limit acceptance tests (issue 17)
+    "tests.testapp.typed_tasks",  # typed arguments under every serializer
 ]
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 

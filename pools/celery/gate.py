@@ -583,7 +583,11 @@ class CeleryBridge:
         logger.exception("Publishing admitted entry %s failed; requeueing it", adm.entry_id)
         try:
             admission.requeue(
-                adm.entry_id, adm.token, reason=f"publish failed: {exc}"[:255], admit=False
+                adm.entry_id,
+                adm.token,
+                reason=f"publish failed: {exc}"[:255],
+                admit=False,
+                unstarted=True,
             )
         except Exception:
             logger.exception("Could not requeue entry %s; its lease will lapse", adm.entry_id)

@@ -32,6 +32,7 @@ test_differential.py`` holds the two to it.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -106,6 +107,8 @@ PROMOTE_BATCH = 500
 IDEMPOTENCY_COLUMN = "idempotency_active"
 #: Entries of one job ended per call of :func:`end_waiting_of_job` (the next call takes the rest).
 JOB_BATCH = 500
+
+logger = logging.getLogger("pools.core.admission")
 
 
 @dataclass(kw_only=True)
@@ -533,7 +536,9 @@ def _run_pass(names: Iterable[str]) -> _Pass:
             break
         with locked_pools(todo) as pools:
             step = _admit_locked(pools, timezone.now())
-            dispatch.after_commit(step.admissions, step.finished, step.wake)
+            dispatch.after_commit(
+                step.admissions, step.finished, step.wake, requeue=_requeue_unpublished
+            )
         total.admissions.extend(step.admissions)
         total.finished.extend(step.finished)
         todo = _still_needed(step, todo)
@@ -552,13 +557,52 @@ def _admit_in(pools: dict[str, Pool], now: datetime, finished: Sequence[Finished
     Returns the pools a follow-up pass must cover (see :func:`_follow_up`).
     """
     step = _admit_locked(pools, now)
-    dispatch.after_commit(step.admissions, [*finished, *step.finished], step.wake)
+    dispatch.after_commit(
+        step.admissions, [*finished, *step.finished], step.wake, requeue=_requeue_unpublished
+    )
     return _still_needed(step, pools)
 
 
 def _follow_up(needs: set[str]) -> list[Admission]:
-    """After commit: admit multi-pool heads whose pools were not all locked."""
-    return _run_pass(needs).admissions if needs else []
+    """After commit: admit multi-pool heads whose pools were not all locked.
+
+    The caller's own change has committed: a failure here (pool state unavailable, a bug)
+    is not the caller's, so it is logged and the pass is left to a wake-up instead.
+    """
+    if not needs:
+        return []
+    try:
+        return _run_pass(needs).admissions
+    except Exception as exc:
+        _admit_later(needs, exc)
+        return []
+
+
+def _admit_later(names: Iterable[str], exc: BaseException) -> None:
+    """An admission pass that runs after the caller's change committed has failed: ask for
+    another one at once (a timed wake-up; the sweep is the safety net), and do not fail the
+    caller, whose own change stands."""
+    pools = sorted(names)
+    logger.warning(
+        "Admission pass over pools %s after a committed change failed (%s); a wake-up runs it again",
+        ", ".join(pools),
+        exc,
+    )
+    if transaction.get_connection().in_atomic_block:  # a caller's transaction: after it
+        transaction.on_commit(lambda: dispatch.wake(pools, timezone.now()))
+    else:
+        dispatch.wake(pools, timezone.now())
+
+
+def _requeue_unpublished(admission: Admission, reason: str) -> None:
+    """After-commit work failed before ``admission``'s message was handed to the broker: put
+    it back in line at once (``dispatch.after_commit``'s ``requeue``), not at lease lapse."""
+    try:
+        requeue(
+            admission.entry_id, admission.token, reason=reason[:255], admit=False, unstarted=True
+        )
+    except Exception:
+        logger.exception("Could not requeue entry %s; its lease will lapse", admission.entry_id)
 
 
 def admit(names: Iterable[str]) -> list[Admission]:
@@ -711,7 +755,12 @@ def _enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) -
             _note_due(pools, spec.demand, sub.not_before)
         superseded, elsewhere = _supersede_on_enqueue(sub, entry, pools, now)
         step = _admit_locked(pools, now)  # also schedules the wake-up of a delayed entry
-        dispatch.after_commit(step.admissions, [*dropped, *superseded, *step.finished], step.wake)
+        dispatch.after_commit(
+            step.admissions,
+            [*dropped, *superseded, *step.finished],
+            step.wake,
+            requeue=_requeue_unpublished,
+        )
     # Admitted by this call's own pass or by its follow-up pass (as on the fast path).
     admissions = [*step.admissions, *_follow_up(_still_needed(step, pools))]
     if elsewhere is not None:  # older entries of the job in other pools (a changed demand)
@@ -960,8 +1009,11 @@ def _on_commit(reply: fastpath.Reply) -> list[Admission]:
         )
         for row in reply.of("admitted")
     ]
+    # Publishing first: a signal receiver that raises must not keep a message from the broker.
+    dispatch.after_commit(
+        admissions, [], reply.wake, committed=reply.committed, requeue=_requeue_unpublished
+    )
     events.announce(reply.events, committed=reply.committed)
-    dispatch.after_commit(admissions, [], reply.wake, committed=reply.committed)
     return admissions
 
 
@@ -1014,15 +1066,22 @@ def settle(
 
 def _forbid_waiters(job: str, locked: Iterable[str]) -> set[str]:
     """Pools (beyond ``locked``) of ``forbid`` instances of ``job`` that wait: an instance
-    of the job just finished, so they may be eligible now. Empty without a job."""
+    of the job just finished, so they may be eligible now. Empty without a job.
+
+    Read after the settle committed: a failure asks for a pass over ``locked`` later (which
+    reaches the job's waiting instances through the sweep) instead of failing the settle.
+    """
     if not job:
         return set()
     names: set[str] = set()
     waiting = QueueEntry.objects.waiting().filter(
         job=job, finished_at__isnull=True, concurrency_policy=ConcurrencyPolicy.FORBID
     )
-    for demand in waiting.values_list("demand", flat=True)[:100]:
-        names |= set(demand)
+    try:
+        for demand in waiting.values_list("demand", flat=True)[:100]:
+            names |= set(demand)
+    except Exception as exc:
+        _admit_later(locked, exc)
     return names - set(locked)
 
 
@@ -1054,7 +1113,11 @@ def _settle_in_one_call(
     # pass needs and those of waiting 'forbid' instances of the job. Merging the two
     # would run the first pass with more pools locked (a due multi-pool entry could then
     # join a line that the ORM path's first pass admits from without it).
-    needs = _pass_over(reply.fallbacks, settled=entry_id)
+    try:
+        needs = _pass_over(reply.fallbacks, settled=entry_id)
+    except Exception as exc:  # the settle has committed: it stands (see _follow_up)
+        _admit_later(reply.fallbacks, exc)
+        needs = set()
     _follow_up(needs | _forbid_waiters(job, settled.demand or {}))
     return True
 
@@ -1083,12 +1146,14 @@ def requeue(
     reason: str,
     admit: bool = True,
     lapsed_before: datetime | None = None,
+    unstarted: bool = False,
 ) -> bool:
     """Put a held entry back in line (same place), or expire it if its deadline passed.
 
     Used when a lease lapses or is lost, and when a publish fails; then ``admit=False``
     leaves re-admission to the next settle or sweep, so a broker outage cannot turn
-    into a publish loop. Returns False for a stale token.
+    into a publish loop. ``unstarted=True`` (a message that may not have reached a worker)
+    leaves an entry a worker has already started alone. Returns False for a stale token.
     """
     with unavailable_on_error(f"requeueing entry {entry_id}"):
         entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
@@ -1096,7 +1161,8 @@ def requeue(
         return False
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
-        claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES)
+        states = [EntryState.ADMITTED] if unstarted else HELD_STATES
+        claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=states)
         if lapsed_before is not None:  # re-checked under the lock: a start may have renewed it
             claim = claim.filter(lease_expires_at__lt=lapsed_before)
         # Compare-and-set: leases.start/renew do not take the pool lock.

@@ -7,6 +7,7 @@ message is never published for a claim that was rolled back.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -17,6 +18,11 @@ from django.utils.module_loading import import_string
 
 from pools import conf
 from pools.core.records import Admission, Finished
+
+logger = logging.getLogger("pools.core.dispatch")
+
+#: Puts an admitted entry whose message was not handed to the broker back in line.
+Requeue = Callable[[Admission, str], None]
 
 
 class Bridge(Protocol):
@@ -51,27 +57,48 @@ def after_commit(
     wake: dict[str, datetime] | None = None,
     *,
     committed: bool = False,
+    requeue: Requeue,
 ) -> None:
     """Schedule publishing/reporting (and timed wake-ups) for when the transaction commits.
 
     ``committed=True``: the work was committed on another connection (pools' own, see
     :mod:`pools.pg.fastpath`); run it now.
+
+    Nothing here fails the caller, whose change has committed: if publishing raises
+    (the bridge could not even start), each admission is handed to ``requeue`` at once,
+    so its entry waits in line again instead of holding slots until its lease lapses.
     """
     run = _now if committed else transaction.on_commit
     if admissions:
-        run(lambda: bridge().publish(admissions))
+        run(lambda: _publish(admissions, requeue))
     if finished:
-        run(lambda: bridge().report_finished(finished))
+        run(lambda: _guarded("reporting ended entries", lambda: bridge().report_finished(finished)))
     due = {pool: when for pool, when in (wake or {}).items() if _should_wake(pool, when)}
     if due:
-        run(lambda: _wake(due))
+        run(lambda: _guarded("scheduling wake-ups", lambda: _wake(due)))
+
+
+def _publish(admissions: Sequence[Admission], requeue: Requeue) -> None:
+    try:
+        bridge().publish(admissions)
+    except Exception as exc:
+        logger.exception("Publishing %d admitted entries failed; requeueing them", len(admissions))
+        for adm in admissions:
+            requeue(adm, f"publish failed: {exc}")
+
+
+def _guarded(what: str, func: Callable[[], None]) -> None:
+    try:
+        func()
+    except Exception:
+        logger.exception("After-commit work failed: %s", what)
 
 
 def wake(pools: Sequence[str], when: datetime) -> None:
     """Ask the bridge for an admission pass over ``pools`` at ``when`` (not on commit)."""
     due = {pool: when for pool in pools if _should_wake(pool, when)}
     if due:
-        _wake(due)
+        _guarded("scheduling wake-ups", lambda: _wake(due))
 
 
 def _wake(due: dict[str, datetime]) -> None:

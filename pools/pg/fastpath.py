@@ -144,9 +144,19 @@ class Reply:
 
 
 def decode(
-    columns: Sequence[str], rows: Sequence[Sequence[Any]], *, committed: bool = False
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    committed: bool = False,
+    jsonb_as_text: bool = False,
 ) -> Reply:
-    """Rows of a v7 function as :class:`Row` objects, by column name (``o_`` dropped)."""
+    """Rows of a v7 function as :class:`Row` objects, by column name (``o_`` dropped).
+
+    ``jsonb_as_text``: the connection hands ``jsonb`` columns over as their JSON text (Django's
+    connection does, for its ``JSONField``); pools' own connection hands them over decoded.
+    Either way a stored value decodes: a ``jsonb`` string (the display text of arguments
+    Celery serialized with types JSON does not have) stays the string it is.
+    """
     names = [c[2:] if c.startswith("o_") else c for c in columns]
     unknown = set(names) - _NAMES
     if unknown:  # pragma: no cover - a function and this module disagree
@@ -155,7 +165,7 @@ def decode(
     for values in rows:
         data = dict(zip(names, values, strict=True))
         for name in _JSON & data.keys():
-            data[name] = json_value(data[name])
+            data[name] = json_value(data[name], as_text=jsonb_as_text)
         decoded.append(Row(**data))
     return Reply(decoded, committed=committed)
 
@@ -189,7 +199,7 @@ def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
             while cursor.description is None and cursor.nextset():
                 pass  # past the SET results
             columns = [c.name for c in cursor.description or ()]
-            return decode(columns, cursor.fetchall())
+            return decode(columns, cursor.fetchall(), jsonb_as_text=True)
     except (IntegrityError, ProgrammingError):
         raise  # a bug or a missing migration, not an outage: do not disguise it
     except DatabaseError as exc:
@@ -293,6 +303,13 @@ def jsonb(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
 
-def json_value(value: Any) -> Any:
-    """A ``jsonb`` column as Python data (drivers may hand it over as text)."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
+def json_value(value: Any, *, as_text: bool) -> Any:
+    """A ``jsonb`` column as Python data.
+
+    ``as_text``: the driver handed it over as JSON text (always valid JSON: PostgreSQL wrote
+    it), which is parsed; otherwise the driver decoded it and it is returned as it is. Only
+    the connection knows which: a decoded ``jsonb`` string is a ``str`` too.
+    """
+    if as_text and isinstance(value, str | bytes):
+        return json.loads(value)
+    return value

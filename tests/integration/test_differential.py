@@ -69,6 +69,19 @@ SEEDS = (
     if "-" in _SEEDS
     else [int(s) for s in _SEEDS.split(",")]
 )
+#: Stored arguments of submits, in turn (without a random draw, so the seeds' sequences
+#: stay as they were): empty means the plain ``[n]`` / ``{"n": key}``.
+ARGUMENTS: list[tuple[Any, Any]] = [
+    (None, None),
+    ("(datetime.date(2026, 12, 5),)", "{}"),
+    (
+        "(UUID('6a1c3b52-0f7e-4f0e-9d55-2f1b1b7a9c01'), Decimal('1.10'))",
+        "{'at': datetime.datetime(2026, 12, 5, 10, 0, tzinfo=datetime.timezone.utc)}",
+    ),
+    (None, None),
+    ("(b'\\x00\\xff', [datetime.date(2026, 1, 1)])", "{'raw': b'\\x01', 'nul': '\x00'}"),
+    ([["2026-12-05", {"d": "1.10", "n": None}], True, 1.5, '"quoted"'], {"k": [None, {}]}),
+]
 #: The pools: name -> (slots, max_queued).
 POOLS = {"a": (2, None), "b": (1, None), "c": (3, 2), "d": (1, 1), "e": (3, None)}
 #: Their strategies at the start (changed by ``pool`` operations, but "a" stays ``fair``).
@@ -429,12 +442,16 @@ class Run:
         options = {"expires": expires.isoformat()} if expires else {}
         spec = PoolSpec.build(demand, priority=rng.randint(0, 3), queue_timeout=timeout)
         fairness_key = rng.choice(KEYS)
+        number = rng.randint(0, 9)  # drawn for every submit: the seeds' sequences stay as they were
+        shown_args, shown_kwargs = ARGUMENTS[self.submitted % len(ARGUMENTS)]
         sub = Submission(
             key=key,
             task_name="tests.fake",
             spec=spec,
-            args=[rng.randint(0, 9)],
-            kwargs={"n": key},
+            # Typed arguments: how the gate stores a call's arguments (JSON data, or Celery's
+            # repr text when the message holds values JSON has not: dates, bytes, UUIDs).
+            args=shown_args or [number],
+            kwargs=shown_kwargs or {"n": key},
             options=options,
             not_before=not_before,
             expires=expires,

@@ -1,0 +1,135 @@
+"""After the admitting transaction commits, nothing can leave an admitted entry unpublished,
+and the caller that happened to admit it does not fail for its sake.
+
+* A reply row of the fast path decodes whatever the entry stored: arguments kept as
+  display text (Celery's ``argsrepr`` of dates, bytes, UUIDs ...) are a ``jsonb`` string,
+  which pools' own connection hands over decoded and Django's connection as JSON text.
+* A bridge that cannot publish at all puts each admitted entry back in line at once.
+* An admission pass that fails after the caller's change committed is logged and asked
+  for again with a wake-up; the caller's call returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from pools.core import admission, dispatch
+from pools.core.records import Admission
+from pools.models import EntryState, Pool, QueueEntry
+from pools.pg import fastpath
+from tests.bridge import RecordingBridge
+from tests.conftest import POOL_APPS
+from tests.factories import make_pool, submit
+
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
+
+#: What the gate stores for a call whose arguments JSON cannot carry as they are.
+SHOWN = "(datetime.date(2026, 12, 5), b'\\x00\\xff')"
+
+
+@pytest.fixture
+def own(settings: Any) -> Iterator[None]:
+    """Calls outside a transaction run on pools' own connection, as in a worker."""
+    settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
+    fastpath.use_own_connection()
+    yield
+    fastpath.use_own_connection(False)
+
+
+def test_decode__a_jsonb_string_stays_the_string_it_is() -> None:
+    columns = ["o_kind", "o_args", "o_kwargs", "o_demand"]
+    decoded = fastpath.decode(columns, [("admitted", SHOWN, {"a": [1]}, {"p": 1})])
+    assert decoded.rows[0].args == SHOWN
+    assert decoded.rows[0].kwargs == {"a": [1]}
+    text = fastpath.decode(
+        columns,
+        [("admitted", f'"{SHOWN}"'.replace("\\", "\\\\"), '{"a": [1]}', '{"p": 1}')],
+        jsonb_as_text=True,
+    )
+    assert text.rows[0].args == SHOWN
+    assert text.rows[0].demand == {"p": 1}
+
+
+@pytest.mark.postgres
+def test_after_commit__a_settle_on_the_own_connection_admits_an_entry_with_display_text(
+    recorder: RecordingBridge, own: None
+) -> None:
+    make_pool("p", 1)
+    first = submit("p", key="holder")
+    assert first.admitted
+    submit("p", key="typed", args=SHOWN, kwargs="{'at': UUID('6a1c...')}")
+    holder = recorder.admissions[0]
+    connection.close()  # as in a worker: the settle runs on pools' own connection
+    assert admission.settle(holder.entry_id, holder.token, "succeeded", live_lease=True)
+    typed = recorder.admissions[-1]
+    assert typed.key == "typed"
+    assert typed.args == SHOWN
+    assert QueueEntry.objects.get(key="typed").state == EntryState.ADMITTED
+
+
+@pytest.mark.postgres
+def test_after_commit__an_enqueue_on_the_own_connection_admits_display_text(
+    recorder: RecordingBridge, own: None
+) -> None:
+    make_pool("p", 1)
+    assert submit("p", key="typed", args=SHOWN).admitted
+    assert recorder.admissions[-1].args == SHOWN
+
+
+class _Broken(RecordingBridge):
+    def publish(self, admissions: Any) -> None:
+        raise ConnectionError("broker unreachable")
+
+
+broken = _Broken()
+
+
+def test_after_commit__a_bridge_that_cannot_publish_puts_the_entry_back_at_once(
+    settings: Any, admission_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.POOLS = {**settings.POOLS, "PUBLISHER": "tests.integration.test_after_commit.broken"}
+    make_pool("p", 1)
+    enqueued = submit("p", key="a")  # the caller does not fail
+    entry = QueueEntry.objects.get(key="a")
+    assert enqueued.entry_id == entry.queue_id
+    assert entry.state == EntryState.WAITING, "left admitted until its lease lapses"
+    assert entry.reason.startswith("publish failed: broker unreachable")
+    assert Pool.objects.get(name="p").held == 0
+    assert "requeueing them" in caplog.text
+
+
+def test_after_commit__a_failing_follow_up_pass_does_not_fail_the_settle(
+    recorder: RecordingBridge, admission_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_pool("p", 1)
+    make_pool("q", 1)
+    submit("p", key="holder")
+    holder = recorder.admissions[0]
+    submit({"p": 1, "q": 1}, key="both")  # a multi-pool head: its pass follows the settle
+
+    def fail(names: Any) -> Any:
+        raise RuntimeError("pool state unavailable")
+
+    monkeypatch.setattr(admission, "_run_pass", fail)
+    assert admission.settle(holder.entry_id, holder.token, "succeeded")
+    assert QueueEntry.objects.get(key="holder").state == EntryState.SUCCEEDED
+    # The pass is asked for again at once.
+    assert any(set(pools) & {"p", "q"} for pools, _ in recorder.wakes)
+
+
+def test_after_commit__requeue_of_an_unpublished_entry_leaves_a_started_one_alone(
+    recorder: RecordingBridge, admission_path: str
+) -> None:
+    from pools.core import leases
+
+    make_pool("p", 1)
+    submit("p", key="a")
+    adm: Admission = recorder.admissions[0]
+    assert leases.start(adm.entry_id, adm.token, worker="w") is not None
+    assert not admission.requeue(adm.entry_id, adm.token, reason="x", unstarted=True)
+    assert QueueEntry.objects.get(key="a").state == EntryState.RUNNING
+    dispatch._scheduled.clear()
