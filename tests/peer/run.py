@@ -467,6 +467,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reuse-plain", action="store_true", help="take the plain outcomes of the last run"
     )
+    parser.add_argument(
+        "--plain-from",
+        default=None,
+        metavar="TAG",
+        help="take the plain outcomes of the run tagged TAG, read once the pooled modes are "
+        "done (that run may still be going, on another Redis: POOLS_PEER_BROKER/BACKEND)",
+    )
     args = parser.parse_args(argv)
     suites = args.suites.split(",")
     modes = args.modes.split(",")
@@ -478,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     files = [SUITES[s] for s in suites]
 
     version = celery_version()
+    code = code_version()  # before the runs: the work tree may change while they go
     root = fetch_suite(version)
     patch_conftest(root)
     tasks_file = CACHE / "tasks.json"
@@ -486,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     tag = args.tag or ("subset" if args.subset else "full")
     runs: dict[str, Run] = {}
     for mode in modes:
+        if mode == "plain" and args.plain_from:
+            continue
         saved = CACHE / "runs" / f"{tag}-{mode}.xml"
         if mode == "plain" and args.reuse_plain and saved.exists():
             runs[mode] = Run(mode, parse_junit(saved), 0.0)
@@ -493,13 +503,20 @@ def main(argv: list[str] | None = None) -> int:
             continue
         runs[mode] = run_mode(root, mode, files, selection, args, tasks_file, tag)
 
+    if args.plain_from:
+        saved = CACHE / "runs" / f"{args.plain_from}-plain.xml"
+        deadline = time.monotonic() + 3600
+        while not saved.exists() and time.monotonic() < deadline:
+            time.sleep(10)
+        runs = {"plain": Run("plain", parse_junit(saved), 0.0), **runs}
+        print(f"== plain: the outcomes of {saved}")
     plain = runs["plain"]
     failing_plain = sorted(n for n, o in plain.outcomes.items() if o == "failed")
     differences_by_mode: dict[str, dict[str, tuple[str, str]]] = {}
     unconfirmed_by_mode: dict[str, dict[str, tuple[str, str]]] = {}
     report: dict[str, object] = {
         "celery": version,
-        "code": code_version(),
+        "code": code,
         "fast_path": args.fast_path,
         "suites": files,
         "selection": selection,
