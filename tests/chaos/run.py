@@ -559,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         "--pg-port", type=int, default=5433, help="port of the scenario's own cluster 'chaos'"
     )
     parser.add_argument("--redis-port", type=int, default=6380, help="the scenario's own Redis")
+    parser.add_argument("--redis-db", type=int, default=0, help="the broker's database number")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument(
         "--typed-weight",
@@ -581,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--kinds from {', '.join(k for k in KINDS if k not in SERVER_KINDS)}"
         )
 
-    args.broker = f"redis://127.0.0.1:{args.redis_port}/0"
+    args.broker = f"redis://127.0.0.1:{args.redis_port}/{args.redis_db}"
     workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{args.seed}-"))
     run = Run(args=args, workdir=workdir, rng=random.Random(args.seed))
     configure(workdir, args)
