@@ -82,8 +82,9 @@ test-upgrade: install services
 	$(BIN)/pytest -q tests/upgrade
 
 # Chaos: 2,000 pooled tasks through 3 pools on 3 prefork workers + beat while 20 faults hit
-# (SIGKILL, SIGSTOP past the lease, PostgreSQL restart, Redis restart, cancel bursts); it
-# restarts the servers, so it runs alone (~3 min). Soak: python -m tests.chaos.run --help.
+# (SIGKILL, SIGSTOP past the lease, PostgreSQL restart, Redis restart, cancel bursts); then
+# 400 with typed arguments among them under process faults only (~1 min more); it
+# restarts the servers, so it runs alone (~4 min). Soak: python -m tests.chaos.run --help.
 test-chaos: install services
 	POOLS_TEST_DB=postgres $(BIN)/pytest -q -s tests/chaos
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -20,6 +20,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ class Body:
     paused: bool = False
     #: How long the body meant to run (milliseconds), from its start line.
     millis: int | None = None
+    #: The task type (``single_a``, ``typed_b``...).
+    task: str = ""
 
     @property
     def holds_until(self) -> float:
@@ -106,6 +109,7 @@ def read_bodies(
                 last=seen,
                 paused=any(stop < seen and s["t"] < resume for stop, resume in windows),
                 millis=s.get("millis"),
+                task=s.get("task", ""),
             )
         )
     return sorted(bodies, key=lambda b: b.start)
@@ -169,3 +173,72 @@ def check(bodies: list[Body], capacity: dict[str, int]) -> Violations:
                     f"entry {entry} held by two bodies at once (tokens {a.token}, {b.token})"
                 )
     return found
+
+
+def typed_mismatches(
+    expected: Mapping[str, Any], outcomes: Mapping[str, tuple[str, Any]], skip: Iterable[str] = ()
+) -> list[str]:
+    """Typed-argument calls whose outcome is not what plain Celery returns.
+
+    ``expected``: key -> the result the call must return (its arguments, as sent);
+    ``outcomes``: key -> (Celery state, result). A call in ``skip`` (cancelled) may end
+    otherwise. Equality is Python's, and the type must match too: a date that came back as
+    its ISO text, a naive datetime made aware or bytes made text are mismatches.
+    """
+    skipped = set(skip)
+    found = []
+    for key, want in sorted(expected.items()):
+        if key in skipped:
+            continue
+        state, got = outcomes.get(key, ("MISSING", None))
+        if state != "SUCCESS":
+            found.append(f"typed call {key} ended {state}: {got!r}"[:300])
+        elif not _same(got, want):
+            found.append(f"typed call {key} returned {got!r}, sent {want!r}"[:300])
+    return found
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Equal and of the same types all the way down (1 == 1.0 and aware/naive differ)."""
+    if type(got) is not type(want):
+        return False
+    if isinstance(want, dict):
+        return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    if isinstance(want, list):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
+    if isinstance(want, datetime):
+        return bool(got == want and got.utcoffset() == want.utcoffset())
+    return bool(got == want)
+
+
+#: Entries a fault of each kind may legitimately send through admission again, per worker
+#: process it hits: a SIGKILLed worker's running and reserved calls (prefetch 1, and an
+#: admission in flight), a paused child's one body. Cancelling takes nothing out of a holder.
+READMISSIONS_PER_FAULT = {"sigkill": 3, "sigstop": 2, "cancel_burst": 0}
+
+
+def readmitted(bodies: Iterable[Body]) -> dict[str, set[int]]:
+    """Per task type: the entries that ran under a later admission than their first.
+
+    An entry's fencing token grows by one per admission, so a body that starts with a
+    token above 1 belongs to an entry admitted again after its first admission lapsed or
+    was requeued: its first message never ran (a fault took its holder, or it was never
+    published).
+    """
+    found: dict[str, set[int]] = defaultdict(set)
+    for body in bodies:
+        if body.token > 1:
+            found[body.task].add(body.entry)
+    return dict(found)
+
+
+def readmission_allowance(kinds: Iterable[str], concurrency: int) -> int | None:
+    """How many re-admitted entries the faults explain; None when a server restart is among
+    them (a broker restart loses every queued message: no useful bound)."""
+    total = 0
+    for kind in kinds:
+        per = READMISSIONS_PER_FAULT.get(kind)
+        if per is None:
+            return None
+        total += per * (concurrency if kind == "sigkill" else 1)
+    return total

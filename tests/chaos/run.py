@@ -6,8 +6,9 @@ Real PostgreSQL and Redis servers of its own (a cluster ``chaos`` on port 5433, 
 first use with ``pg_createcluster``, and a ``redis-server`` on port 6380), so that restarting
 them disturbs nothing else on the machine; real ``celery worker`` prefork processes and a
 real ``celery beat`` (DatabaseScheduler) firing the sweep. The
-client submits ``--tasks`` calls of four pooled task types (single-pool, multi-pool and a
-retrying one) while ``--faults`` faults hit at random times, of these kinds:
+client submits ``--tasks`` calls of five pooled task types (single-pool, multi-pool, a
+retrying one, and one whose arguments are dates, datetimes, UUIDs, Decimals and bytes) while
+``--faults`` faults hit at random times, of these kinds:
 
 * ``sigkill``: a worker's whole process group is SIGKILLed, and a new worker started;
 * ``sigstop``: a worker child running a body is paused past its lease, then resumed;
@@ -22,17 +23,18 @@ retrying one) while ``--faults`` faults hit at random times, of these kinds:
 The partition kinds put every worker behind two loopback proxies of its own
 (:class:`tests.support.blackhole.BlackholeProxy`), one to PostgreSQL, one to the broker;
 they are not in the default ``--kinds`` (opt in: ``--kinds db_partition,broker_partition``).
-``--use-running-servers`` runs against servers that are already up (``--pg-port``,
-``--redis-port``) and never starts, creates or restarts one: only with kinds that restart
-nothing.
-
 Then it waits for every entry to end, reads the bodies' own records
 (:mod:`tests.chaos.tasks`) and checks (:mod:`tests.chaos.check`): no pool ever had more
 bodies alive (start to last sign of life) than its capacity, no claim ran twice at once,
-every entry ended and every ``AsyncResult`` is final. Results go to a filesystem result
+every entry ended, every ``AsyncResult`` is final, and every typed-argument call returned
+exactly the values it was sent (types included). Results go to a filesystem result
 backend, which survives the broker restart. It prints one summary line and exits 1 on any
 violation. ``--seed`` reproduces the plan (times, kinds, task mix); the machine's timing
 still varies.
+
+``--shared-servers`` runs on servers that others use as they are (``--pg-port``,
+``--redis-port``, database ``--database``): the runner neither creates nor starts them, and
+refuses the restart faults; only the process faults and cancel bursts hit.
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ DEFAULT_KINDS = ("sigkill", "sigstop", "pg_restart", "redis_restart", "cancel_bu
 #: Silent network partitions of one worker (opt-in: they put proxies in front of workers).
 PARTITION_KINDS = ("db_partition", "broker_partition")
 KINDS = (*DEFAULT_KINDS, *PARTITION_KINDS)
-#: Kinds that restart a server (refused with ``--use-running-servers``).
-RESTART_KINDS = {"pg_restart", "redis_restart"}
+#: The faults that restart a server: never with ``--shared-servers``.
+SERVER_KINDS = {"pg_restart", "redis_restart"}
+#: One planned call: task name, positional and keyword arguments.
+Call = tuple[str, list[Any], dict[str, Any]]
 LEASE_SECONDS = 3.0
 SWEEP_SECONDS = 1.0
 #: How long a partition lasts before it heals: past two leases, so the claims it cut off
@@ -106,6 +110,8 @@ class Run:
     #: When each call was sent (``time.time()``, the bodies' clock).
     submitted_at: dict[str, float] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
+    #: Typed-argument calls: key -> the result they must return.
+    typed: dict[str, Any] = field(default_factory=dict)
     submit_retries: int = 0
     #: Workers (and beats) that exited by themselves and were started again, as a process
     #: supervisor (systemd, Kubernetes) would; see :func:`supervise`.
@@ -148,6 +154,10 @@ def configure(workdir: Path, args: argparse.Namespace) -> None:
 
 def ensure_services(args: argparse.Namespace) -> None:
     """The scenario's PostgreSQL cluster and Redis server up (created on first use)."""
+    if args.shared_servers:
+        _wait(lambda: _pg_up(args.pg_port), 60, f"PostgreSQL on port {args.pg_port}")
+        _wait(lambda: _redis_up(args.redis_port), 20, f"Redis on port {args.redis_port}")
+        return
     version = _pg_version()
     listed = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True).stdout
     if not any(line.split()[:2] == [version, PG_CLUSTER] for line in listed.splitlines()):
@@ -303,13 +313,16 @@ def supervise(run: Run) -> None:
 # ----------------------------------------------------------------------------- load
 
 
-def plan_tasks(run: Run) -> list[tuple[str, int]]:
-    """(task name, body milliseconds) for each call, from the seed."""
+def plan_tasks(run: Run) -> list[Call]:
+    """(task name, args, kwargs) for each call, from the seed; ``args[0]`` is the body's
+    milliseconds."""
+    from tests.chaos.tasks import typed_arguments
+
     mix = [("chaos.single_a", 40), ("chaos.single_b", 25), ("chaos.multi_ac", 15),
-           ("chaos.retrying_c", 20)]  # fmt: skip
-    names = [n for n, _ in mix]
-    weights = [w for _, w in mix]
-    out = []
+           ("chaos.retrying_c", 20), ("chaos.typed_b", run.args.typed_weight)]  # fmt: skip
+    names = [n for n, w in mix if w > 0]
+    weights = [w for _, w in mix if w > 0]
+    out: list[Call] = []
     for _ in range(run.args.tasks):
         name = run.rng.choices(names, weights)[0]
         long = run.rng.random() < 0.15  # long bodies give the pauses something to pause
@@ -317,7 +330,11 @@ def plan_tasks(run: Run) -> list[tuple[str, int]]:
         if run.args.partitions and run.rng.random() < 0.05:
             # Bodies longer than a lease: a partition can only cut those off in time.
             millis = run.rng.randint(int(LEASE_SECONDS * 1500), int(LEASE_SECONDS * 3000))
-        out.append((name, millis))
+        if name == "chaos.typed_b":
+            values, kwargs = typed_arguments(run.rng)
+            out.append((name, [millis, values], kwargs))
+        else:
+            out.append((name, [millis], {}))
     return out
 
 
@@ -339,7 +356,13 @@ def finished_fraction(run: Run) -> float:
     return len(os.listdir(run.workdir / "results")) / max(int(run.args.tasks), 1)
 
 
-def submit(run: Run, name: str, millis: int, tick: Callable[[], None] = lambda: None) -> None:
+def submit(
+    run: Run,
+    name: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    tick: Callable[[], None] = lambda: None,
+) -> None:
     """Send one call; while pool state is unavailable, retry for up to 2 minutes, running
     ``tick`` between tries (the runner's own duties, such as resuming paused workers)."""
     from celery import current_app
@@ -350,9 +373,13 @@ def submit(run: Run, name: str, millis: int, tick: Callable[[], None] = lambda: 
     while True:
         try:
             sent = time.time()
-            result = current_app.send_task(name, args=[millis])
+            result = current_app.send_task(name, args=args, kwargs=kwargs)
             run.keys.append(result.id)
             run.submitted_at[result.id] = sent
+            if name == "chaos.typed_b":
+                from tests.chaos.tasks import typed_result
+
+                run.typed[result.id] = typed_result(args[1], kwargs)
             return
         except PoolUnavailable:  # PostgreSQL restarting: the caller retries
             run.submit_retries += 1
@@ -562,6 +589,17 @@ def classify_left() -> Left:
     return out
 
 
+def typed_outcomes(run: Run) -> dict[str, tuple[str, Any]]:
+    """(state, result) of every typed-argument call, from the result backend."""
+    from celery import current_app
+
+    out: dict[str, tuple[str, Any]] = {}
+    for key in run.typed:
+        result = current_app.AsyncResult(key)
+        out[key] = (result.state, result.result)
+    return out
+
+
 def unfinished_results(run: Run, timeout: float) -> list[str]:
     from celery import current_app
     from celery.states import READY_STATES
@@ -613,9 +651,16 @@ def main(argv: list[str] | None = None) -> int:
         "--pg-port", type=int, default=5433, help="port of the scenario's own cluster 'chaos'"
     )
     parser.add_argument("--redis-port", type=int, default=6380, help="the scenario's own Redis")
+    parser.add_argument("--redis-db", type=int, default=0, help="the broker's database number")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument(
-        "--use-running-servers",
+        "--typed-weight",
+        type=int,
+        default=10,
+        help="share of typed-argument calls (chaos.typed_b) in the mix; the others weigh 100",
+    )
+    parser.add_argument(
+        "--shared-servers",
         action="store_true",
         help="use the servers on --pg-port/--redis-port as they are: never create, start or "
         "restart one (only with kinds that restart nothing)",
@@ -624,16 +669,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.kinds.split(",")) - set(KINDS)
     if unknown:
         parser.error(f"unknown fault kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
-    if args.use_running_servers and set(args.kinds.split(",")) & RESTART_KINDS:
-        parser.error("--use-running-servers runs no fault that restarts a server")
+    if args.shared_servers and SERVER_KINDS & set(args.kinds.split(",")):
+        parser.error(
+            "--shared-servers: others use these servers, so no restart faults; choose "
+            f"--kinds from {', '.join(k for k in KINDS if k not in SERVER_KINDS)}"
+        )
     args.partitions = bool(set(args.kinds.split(",")) & set(PARTITION_KINDS))
 
-    args.broker = f"redis://127.0.0.1:{args.redis_port}/0"
+    args.broker = f"redis://127.0.0.1:{args.redis_port}/{args.redis_db}"
     workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{args.seed}-"))
     run = Run(args=args, workdir=workdir, rng=random.Random(args.seed))
     configure(workdir, args)
-    if not args.use_running_servers:
-        ensure_services(args)
+    ensure_services(args)
     setup_django(args)
     began = time.monotonic()
     resume_at: list[tuple[float, int]] = []
@@ -686,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         left = classify_left()
         unfinished = {*left.waiting, *left.held}
         pending = [k for k in unfinished_results(run, 60.0) if k not in unfinished]
+        typed = typed_outcomes(run)
     finally:
         for _, pid in resume_at:
             _resume(pid, run)
@@ -695,16 +743,30 @@ def main(argv: list[str] | None = None) -> int:
         for pair in run.proxies.values():
             for proxy in pair:
                 proxy.close()
-        if not args.use_running_servers:
-            ensure_services(args)
+        ensure_services(args)
 
-    from tests.chaos.check import check, max_overlap, read_bodies
+    from tests.chaos.check import (
+        check,
+        max_overlap,
+        read_bodies,
+        readmission_allowance,
+        readmitted,
+        typed_mismatches,
+    )
     from tests.chaos.tasks import POOLS
 
     pauses = {pid: [(a, b or float("inf")) for a, b in w] for pid, w in run.pauses.items()}
     bodies = read_bodies(workdir / "bodies", pauses)
     resumed = resumed_runs(run, bodies)
     violations = check(bodies, POOLS)
+    mismatched = typed_mismatches(run.typed, typed, skip=run.cancelled)
+    # An admission whose message was never published shows as an entry admitted again
+    # once its lease lapsed (the sweep rescues it, a lease later): with only process
+    # faults, more of those than the faults explain is a violation.
+    again = readmitted(bodies)
+    again_total = sum(len(e) for e in again.values())
+    allowance = readmission_allowance((f.kind for f in run.faults), args.concurrency)
+    too_many = allowance is not None and again_total > allowance
     peaks = max_overlap(bodies)
     recoveries = [
         (r, f.kind) for f in run.faults if (r := recovery(f, bodies, run.submitted_at)) is not None
@@ -723,7 +785,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(run.cancelled)} cancelled, {run.submit_retries} submit retries), "
         f"{len(run.faults)} faults ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}); "
         f"max overlap {overlap}; lost entries {lost}{in_line}; "
-        f"results not final {len(pending)}; slowest recovery {slowest[0]:.1f}s ({slowest[1]}); "
+        f"results not final {len(pending)}; typed calls {len(run.typed)}, "
+        f"{len(mismatched)} not returning what was sent; re-admitted entries {again_total}"
+        f"{f' (faults explain {allowance})' if allowance is not None else ''}"
+        f"{' ' + str({t: len(e) for t, e in sorted(again.items())}) if again else ''}; "
+        f"slowest recovery {slowest[0]:.1f}s ({slowest[1]}); "
         f"restarted by the supervisor: {dict(run.restarted) or 'none'}; "
         + (
             f"resumed past the lease: {len(resumed)} bodies, stopped {max(resumed) * 1000:.0f} ms "
@@ -735,6 +801,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in violations.lines():
         print(f"VIOLATION: {line}")
+    for line in mismatched[:10]:
+        print(f"TYPED: {line}")
+    if too_many:
+        print(
+            f"VIOLATION: {again_total} entries were admitted more than once, the faults "
+            f"explain at most {allowance}: admissions whose message was never published "
+            f"({', '.join(f'{t} {len(e)}' for t, e in sorted(again.items()))})"
+        )
     for fault in run.faults:
         print(
             f"  fault {fault.kind:<13} at {fault.at:4.0%} done, took {fault.ended - fault.started:4.1f}s,"
@@ -749,7 +823,14 @@ def main(argv: list[str] | None = None) -> int:
     print(summary)
     # Entries still in line (or held under a live lease) when the drain timed out are not
     # lost: the engine would finish them. A CI run must finish them all (--strict-drain).
-    failed = bool(violations) or lost > 0 or bool(pending) or (args.strict_drain and bool(left))
+    failed = (
+        bool(violations)
+        or bool(mismatched)
+        or too_many
+        or lost > 0
+        or bool(pending)
+        or (args.strict_drain and bool(left))
+    )
     if not args.keep and not failed:
         shutil.rmtree(workdir, ignore_errors=True)
     elif failed:

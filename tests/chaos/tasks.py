@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
+import uuid
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +107,47 @@ def retrying_c(self: Any, millis: int) -> str:
     if self.request.retries == 0:
         raise self.retry(countdown=0.1)
     return result
+
+
+@shared_task(bind=True, name="chaos.typed_b", acks_late=True)
+@pooled("chaos-b")
+def typed_b(self: Any, millis: int, values: list[Any], *, when: Any, tags: Any) -> Any:
+    """Arguments of every kind kombu's JSON carries typed; returns them as it got them.
+
+    The runner compares each result with what it sent (:func:`tests.chaos.check.typed_mismatches`):
+    a call that waited in line must come back with the same values, and it must run at all
+    (an entry whose arguments broke admission stalls its pool: the drain then fails).
+    """
+    _body("typed_b", self.request.id, millis)
+    return {"values": values, "when": when, "tags": tags}
+
+
+def typed_arguments(rng: random.Random) -> tuple[list[Any], dict[str, Any]]:
+    """Positional values and keyword arguments of one ``chaos.typed_b`` call (after
+    ``millis``): date, datetimes with and without a time zone, UUID, Decimal and bytes, at
+    the top level and nested in lists and dicts, in args and in kwargs."""
+    day = rng.randint(1, 28)
+    stamp = datetime(2026, 12, day, rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59))
+    ident = uuid.UUID(int=rng.getrandbits(128))
+    amount = Decimal(f"{rng.randint(0, 10**6)}.{rng.randint(0, 99):02d}")
+    raw = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 12)))
+    values = [
+        date(2026, 12, day),
+        stamp.replace(tzinfo=UTC),
+        stamp,  # naive
+        ident,
+        amount,
+        raw,
+        [date(2027, 1, day), {"id": ident, "raw": raw, "at": [stamp, stamp.replace(tzinfo=UTC)]}],
+    ]
+    kwargs = {
+        "when": stamp.replace(tzinfo=timezone(timedelta(hours=5, minutes=30))),
+        "tags": {"amount": amount, "ids": [ident, uuid.UUID(int=rng.getrandbits(128))],
+                 "day": date(2026, 11, day), "blob": {"raw": raw}},
+    }  # fmt: skip
+    return values, kwargs
+
+
+def typed_result(values: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What ``chaos.typed_b`` returns for these arguments on plain Celery."""
+    return {"values": values, **kwargs}

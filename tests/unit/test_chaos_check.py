@@ -116,3 +116,78 @@ def test_recovery__is_none_when_nothing_was_waiting() -> None:
     fault = Fault(kind="sigkill", at=0.99, started=10.0, ended=11.0)
     bodies = [body(1, 5, 6, 20), body(2, 240, 241, 300)]
     assert recovery(fault, bodies, {"k1": 1.0, "k2": 239.0}) is None
+
+
+def test_typed_arguments__survive_celerys_json_and_the_checker_accepts_them() -> None:
+    """What ``chaos.typed_b`` returns on plain Celery (kombu's JSON both ways) is no
+    mismatch: the check compares like with like."""
+    import random
+
+    from kombu.utils.json import dumps, loads
+
+    from tests.chaos.check import typed_mismatches
+    from tests.chaos.tasks import typed_arguments, typed_result
+
+    rng = random.Random(7)
+    expected, outcomes = {}, {}
+    for i in range(50):
+        values, kwargs = typed_arguments(rng)
+        expected[f"k{i}"] = typed_result(values, kwargs)
+        outcomes[f"k{i}"] = ("SUCCESS", loads(dumps(typed_result(values, kwargs))))
+    assert typed_mismatches(expected, outcomes) == []
+    kinds = {type(v).__name__ for v in expected["k0"]["values"]}
+    assert {"date", "datetime", "UUID", "Decimal", "bytes", "list"} <= kinds
+
+
+def test_typed_mismatches__a_value_that_changed_type_or_zone_or_a_call_that_failed() -> None:
+    import datetime as dt
+    import uuid
+    from decimal import Decimal
+
+    from tests.chaos.check import typed_mismatches
+
+    naive = dt.datetime(2026, 12, 5, 10, 0)
+    want = {"values": [dt.date(2026, 12, 5), naive, uuid.UUID(int=1), Decimal("1.10"), b"\x00"]}
+
+    def with_value(i: int, value: object) -> dict[str, object]:
+        values = list(want["values"])
+        values[i] = value
+        return {"values": values}
+
+    outcomes = {
+        "same": ("SUCCESS", {"values": list(want["values"])}),
+        "text": ("SUCCESS", with_value(0, "2026-12-05")),  # a date come back as its text
+        "aware": ("SUCCESS", with_value(1, naive.replace(tzinfo=dt.UTC))),
+        "uuid": ("SUCCESS", with_value(2, str(uuid.UUID(int=1)))),
+        "float": ("SUCCESS", with_value(3, 1.1)),
+        "bytes": ("SUCCESS", with_value(4, "\x00")),
+        "failed": ("FAILURE", ValueError("Expecting value")),
+        "cancelled": ("REVOKED", None),
+    }
+    found = typed_mismatches(dict.fromkeys(outcomes, want) | {"lost": want}, outcomes,
+                             skip=["cancelled"])  # fmt: skip
+    flagged = {line.split()[2] for line in found}
+    assert flagged == {"text", "aware", "uuid", "float", "bytes", "failed", "lost"}
+    assert any("ended MISSING" in line for line in found)
+
+
+def test_readmitted__counts_entries_that_ran_under_a_later_admission_by_task() -> None:
+    from dataclasses import replace
+
+    from tests.chaos.check import readmitted
+
+    bodies = [
+        replace(body(1, 0, 1, 5), task="single_a"),
+        replace(body(2, 0, 1, 5, token=2), task="typed_b"),
+        replace(body(2, 2, 3, 8, token=3), task="typed_b"),  # same entry: counted once
+        replace(body(3, 0, 1, 5, token=2), task="single_b"),
+    ]
+    assert readmitted(bodies) == {"typed_b": {2}, "single_b": {3}}
+
+
+def test_readmission_allowance__bounded_by_process_faults_none_with_restarts() -> None:
+    from tests.chaos.check import readmission_allowance
+
+    assert readmission_allowance(["sigkill", "sigstop", "cancel_burst"], concurrency=2) == 8
+    assert readmission_allowance([], concurrency=3) == 0
+    assert readmission_allowance(["sigkill", "redis_restart"], concurrency=3) is None
