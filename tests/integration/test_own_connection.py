@@ -82,27 +82,9 @@ def test_own_connection__inside_djangos_transaction_the_call_joins_it(recorder, 
 def test_own_connection__lock_timeout_is_pool_unavailable_and_changes_nothing(
     recorder, own, settings
 ):
-    import psycopg
 
     settings.POOLS = {**settings.POOLS, "LOCK_TIMEOUT_SECONDS": 0.3}
-    make_pool("p", 1)
-    assert submit("p", key="a").admitted
-    adm = recorder.admissions[0]
-    assert leases.start(adm.entry_id, adm.token, worker="w") is not None
-    params = {
-        k: v
-        for k, v in connection.get_connection_params().items()
-        if k not in {"cursor_factory", "context", "prepare_threshold"}
-    }
-    locker = psycopg.connect(**params)
-    try:
-        locker.execute("SELECT 1 FROM pools_pool WHERE name = 'p' FOR UPDATE")
-        with pytest.raises(PoolUnavailable, match=r"lock timeout|statement timeout"):
-            admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
-    finally:
-        locker.rollback()
-        locker.close()
-    assert QueueEntry.objects.get(key="a").state == EntryState.RUNNING
+    adm = _settle_times_out_behind_a_pool_lock(recorder)
     assert admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
 
 
@@ -218,7 +200,6 @@ def test_own_connection__prepared_statements_off_leaves_no_session_state(
 def test_own_connection__prepared_statements_off_still_bounds_each_call(recorder, own, settings):
     """The bound goes with each call (``SET LOCAL`` in its query string): a lock wait past
     it is ``PoolUnavailable`` and changes nothing, as with the session setting."""
-    import psycopg
 
     settings.POOLS = {
         **settings.POOLS,
@@ -226,24 +207,7 @@ def test_own_connection__prepared_statements_off_still_bounds_each_call(recorder
         "PREPARED_STATEMENTS": False,
     }
     fastpath.close_own_connection()
-    make_pool("p", 1)
-    assert submit("p", key="a").admitted
-    adm = recorder.admissions[0]
-    assert leases.start(adm.entry_id, adm.token, worker="w") is not None
-    params = {
-        k: v
-        for k, v in connection.get_connection_params().items()
-        if k not in {"cursor_factory", "context", "prepare_threshold"}
-    }
-    locker = psycopg.connect(**params)
-    try:
-        locker.execute("SELECT 1 FROM pools_pool WHERE name = 'p' FOR UPDATE")
-        with pytest.raises(PoolUnavailable, match=r"lock timeout|statement timeout"):
-            admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
-    finally:
-        locker.rollback()
-        locker.close()
-    assert QueueEntry.objects.get(key="a").state == EntryState.RUNNING
+    adm = _settle_times_out_behind_a_pool_lock(recorder)
     assert _session_statement_timeout() == "0"
     assert admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
 
@@ -262,3 +226,29 @@ def test_own_connection__statement_bound_holds_with_prepared_statements_on_and_o
     fastpath.close_own_connection()
     with pytest.raises(PoolUnavailable, match="statement timeout"):
         fastpath._call_own("SELECT * FROM pg_sleep(%s)", [2], "a slow call")
+
+
+def _settle_times_out_behind_a_pool_lock(recorder: Any) -> Any:
+    """A running entry whose settle meets the pool row locked by another connection:
+    PoolUnavailable, and the entry still running. Returns its admission."""
+    import psycopg
+
+    make_pool("p", 1)
+    assert submit("p", key="a").admitted
+    adm = recorder.admissions[0]
+    assert leases.start(adm.entry_id, adm.token, worker="w") is not None
+    params = {
+        k: v
+        for k, v in connection.get_connection_params().items()
+        if k not in {"cursor_factory", "context", "prepare_threshold"}
+    }
+    locker = psycopg.connect(**params)
+    try:
+        locker.execute("SELECT 1 FROM pools_pool WHERE name = 'p' FOR UPDATE")
+        with pytest.raises(PoolUnavailable, match=r"lock timeout|statement timeout"):
+            admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
+    finally:
+        locker.rollback()
+        locker.close()
+    assert QueueEntry.objects.get(key="a").state == EntryState.RUNNING
+    return adm
