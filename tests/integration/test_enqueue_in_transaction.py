@@ -1,22 +1,27 @@
-"""An enqueue inside the caller's ``transaction.atomic()`` takes no pool lock.
+"""An enqueue inside the caller's ``transaction.atomic()`` takes no lock others wait on.
 
-PostgreSQL (the only database where it applies; see ``admission._in_callers_transaction``),
-on the fast path's and the ORM path's settings alike: inside a caller's transaction both
-write the entry without the pool's row lock and admit it after the commit. Each lock
-test has a sabotage twin that takes the old, locked path and shows the check fails.
+On PostgreSQL (the fast path's and the ORM path's settings alike) and on MariaDB/MySQL
+(the ORM path): inside a caller's transaction the entry and its line rows are written
+without the pool's row lock and admitted after the commit. On InnoDB the line rows'
+foreign key to the pool would take a shared lock on the pool row at the insert; it is
+not checked there (see ``locking.parent_rows_unlocked``). Each lock test has a sabotage
+twin that takes the old, locked path (or, on MariaDB, checks the foreign key at the
+insert) and shows the check fails.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
-import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
+from pytest_django import Settings
 
-from pools.core import admission, sweeps
+from pools.core import admission, locking, sweeps
 from pools.exceptions import (
     DemandExceedsCapacity,
     PoolDraining,
@@ -30,18 +35,33 @@ from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
 pytestmark = [
-    pytest.mark.postgres,
+    pytest.mark.server_db,
     pytest.mark.django_db(transaction=True, available_apps=POOL_APPS),
 ]
 
+#: "Could not lock at once" from ``FOR UPDATE NOWAIT``: PostgreSQL's SQLSTATE, MariaDB's
+#: lock wait timeout (1205) and MySQL's ER_LOCK_NOWAIT (3572).
+_NOWAIT = ("55P03", 1205, 3572)
+
 
 @contextmanager
-def other_session() -> Iterator[psycopg.Connection[Any]]:
-    """A second session on the test database (another process, as far as locks go)."""
+def other_session() -> Iterator[Any]:
+    """A second session on the test database (another process, as far as locks go): a
+    DB-API connection of the driver, outside Django."""
     d = connection.settings_dict
-    con = psycopg.connect(
-        dbname=d["NAME"], user=d["USER"], host=d["HOST"], port=d["PORT"], password=d["PASSWORD"]
-    )
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        con: Any = psycopg.connect(
+            dbname=d["NAME"], user=d["USER"], host=d["HOST"], port=d["PORT"], password=d["PASSWORD"]
+        )
+    else:
+        import MySQLdb
+
+        con = MySQLdb.connect(
+            host=d["HOST"], port=int(d["PORT"]), user=d["USER"], password=d["PASSWORD"],
+            database=d["NAME"], autocommit=False,
+        )
     try:
         yield con
     finally:
@@ -49,33 +69,85 @@ def other_session() -> Iterator[psycopg.Connection[Any]]:
         con.close()
 
 
+def _code(exc: BaseException) -> object:
+    return getattr(exc, "sqlstate", None) or (exc.args[0] if exc.args else None)
+
+
 def pool_row_free(name: str) -> bool:
     """True if another session can take the pool's row lock at once (``NOWAIT``)."""
     with other_session() as con:
+        cur = con.cursor()
         try:
-            con.execute("SELECT 1 FROM pools_pool WHERE name = %s FOR UPDATE NOWAIT", [name])
-        except psycopg.errors.LockNotAvailable:
-            return False
+            cur.execute("SELECT 1 FROM pools_pool WHERE name = %s FOR UPDATE NOWAIT", [name])
+        except Exception as exc:
+            if _code(exc) in _NOWAIT:
+                return False
+            raise
         return True
 
 
-@pytest.mark.parametrize("locked_path", [False, True], ids=["no-lock", "sabotage-locked"])
-def test_enqueue_in_atomic__pool_row_stays_free_until_commit(
-    recorder: RecordingBridge,
-    admission_path: str,
-    monkeypatch: pytest.MonkeyPatch,
-    locked_path: bool,
-) -> None:
-    if locked_path:  # the enqueue as it was: the pool lock held until the caller commits
+def entries_seen_elsewhere() -> int:
+    with other_session() as con:
+        cur = con.cursor()
+        cur.execute("SELECT count(*) FROM pools_queueentry")
+        return int(cur.fetchone()[0])
+
+
+def sabotage(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """``locked``: the enqueue as it was (the pool lock held until the caller commits);
+    ``fk-checked``: on InnoDB, the line rows' foreign keys checked at the insert."""
+    if how == "locked":
         monkeypatch.setattr(admission, "_in_callers_transaction", lambda: False)
+    elif how == "fk-checked":
+        monkeypatch.setattr(locking, "parent_rows_unlocked", nullcontext)
+
+
+#: The sabotage twins of a lock test on this database.
+SABOTAGES = ["none", "locked", *(["fk-checked"] if os.environ.get("POOLS_TEST_DB") == "mysql" else [])]
+
+
+@pytest.mark.parametrize("how", SABOTAGES, ids=lambda h: h if h == "none" else f"sabotage-{h}")
+def test_enqueue_in_atomic__pool_row_stays_free_until_commit(
+    recorder: RecordingBridge, admission_path: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    sabotage(monkeypatch, how)
     make_pool("p", 1)
     with transaction.atomic():
         submit("p", key="a")
         free = pool_row_free("p")
         assert recorder.keys() == []
-    assert free is not locked_path
+    assert free is (how == "none")
     assert recorder.keys() == ["a"]
     assert QueueEntry.objects.get(key="a").state == EntryState.ADMITTED
+
+
+@pytest.mark.parametrize("how", SABOTAGES, ids=lambda h: h if h == "none" else f"sabotage-{h}")
+def test_enqueue_in_atomic__other_sessions_enqueue_and_settle_go_on_before_commit(
+    recorder: RecordingBridge,
+    admission_path: str,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    how: str,
+) -> None:
+    """While the caller's transaction is open, another session settles the pool's running
+    call and enqueues another, each in its own transaction (a worker, another view): both
+    are done before the caller commits. With the lock held they wait out
+    ``LOCK_TIMEOUT_SECONDS`` and fail."""
+    sabotage(monkeypatch, how)
+    settings.POOLS = {**settings.POOLS, "LOCK_TIMEOUT_SECONDS": 2.0}
+    make_pool("p", 1)
+    run = submit("p", key="run")
+    token = QueueEntry.objects.get(pk=run.entry_id).token
+    with transaction.atomic():
+        submit("p", key="inside")
+        errors = elsewhere(
+            lambda: admission.settle(run.entry_id, token, "succeeded"),
+            lambda: submit("p", key="other"),
+        )
+    assert (errors == []) is (how == "none"), errors
+    if how == "none":
+        assert recorder.keys() == ["run", "other"]
+        assert QueueEntry.objects.get(key="inside").state == EntryState.WAITING
 
 
 def test_enqueue_in_atomic__rollback_leaves_no_entry_and_publishes_nothing(
@@ -105,9 +177,7 @@ def test_enqueue_in_atomic__before_commit_others_see_nothing_and_it_waits_out_of
         entry_id = submit("p", key="a").entry_id
         # Inside the caller's transaction: written, out of line until the commit.
         assert Demand.objects.get(entry_id=entry_id).state == DELAYED
-        with other_session() as con:
-            seen = con.execute("SELECT count(*) FROM pools_queueentry").fetchone()
-        assert seen == (0,)
+        assert entries_seen_elsewhere() == 0
     assert Demand.objects.get(entry_id=entry_id).state == EntryState.ADMITTED
 
 
@@ -169,25 +239,29 @@ def test_enqueue_in_atomic__takes_its_place_by_the_time_of_the_call(
 
 def _submit_elsewhere(key: str) -> None:
     """A submit committed by another thread (its own connection, autocommit)."""
-    import threading
+    assert elsewhere(lambda: submit("p", key=key)) == []
 
-    from django.db import connections
 
-    done: list[BaseException | None] = []
+def elsewhere(*calls: Callable[[], object]) -> list[BaseException]:
+    """Run ``calls`` one after the other in another thread (its own connection, each in
+    its own transaction); the errors they raised."""
+    errors: list[BaseException] = []
 
     def work() -> None:
         try:
-            submit("p", key=key)
-            done.append(None)
-        except BaseException as exc:  # pragma: no cover - reported below
-            done.append(exc)
+            for call in calls:
+                try:
+                    call()
+                except Exception as exc:
+                    errors.append(exc)
         finally:
             connections.close_all()
 
     thread = threading.Thread(target=work)
     thread.start()
-    thread.join(60)
-    assert done == [None], done
+    thread.join(120)
+    assert not thread.is_alive()
+    return errors
 
 
 @pytest.mark.parametrize("repair", [True, False], ids=["sweep", "sabotage-no-repair"])
