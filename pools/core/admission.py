@@ -54,7 +54,7 @@ from pools.core import (
     strategies,
     windows,
 )
-from pools.core.locking import locked_pools, unavailable_on_error
+from pools.core.locking import locked_pools, parent_rows_unlocked, unavailable_on_error
 from pools.core.records import (
     BUDGET,
     BUDGET_OPTION,
@@ -1318,14 +1318,13 @@ class _NeedsLocks(Exception):
 
 
 def _in_callers_transaction() -> bool:
-    """True inside an ``atomic()`` block of the caller on PostgreSQL.
+    """True inside an ``atomic()`` block of the caller on PostgreSQL or MariaDB/MySQL.
 
     Not inside the blocks Django's ``TestCase`` wraps each test in (they never commit).
-    On SQLite an ``IMMEDIATE`` transaction holds the database's write lock from its start,
-    and on MariaDB/MySQL inserting a line row takes a shared lock on its pool row (InnoDB
-    checks foreign keys at once): there the enqueue keeps the locked path.
+    On SQLite an ``IMMEDIATE`` transaction holds the database's write lock from its start:
+    there the enqueue keeps the locked path.
     """
-    if connection.vendor != "postgresql" or not connection.in_atomic_block:
+    if connection.vendor not in ("postgresql", "mysql") or not connection.in_atomic_block:
         return False
     return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
 
@@ -1347,8 +1346,9 @@ def _enqueue_in_callers_transaction(
     The refusals are checked against the pools' committed rows (no lock); the entry and
     its line rows are written in the caller's transaction, ``delayed`` until the time of
     the call, so no other process sees them before the caller commits and nothing is left
-    if it rolls back. PostgreSQL checks the line rows' foreign keys when the caller
-    commits, so no pool row is locked before then. After the commit
+    if it rolls back. No pool row is locked before the commit: PostgreSQL checks the line
+    rows' foreign keys when the caller commits, and on MariaDB/MySQL they are not checked
+    at the insert (:func:`_insert_line_rows`). After the commit
     :func:`_admit_after_commit` puts the entry in line and runs admission.
 
     ``None`` (nothing written) when the submit needs the locks: it ends other entries (a
@@ -1371,11 +1371,30 @@ def _enqueue_in_callers_transaction(
             ).update(idempotency_key=None)
         entry = _create_entry(sub, now, deadline)
         joins = sub.not_before if sub.not_before and sub.not_before > now else now
-        Demand.objects.bulk_create(_demand_rows(sub, entry, pools, joins, delayed=True))
+        _insert_line_rows(_demand_rows(sub, entry, pools, joins, delayed=True))
         events.transition(EventKind.ENQUEUED, [entry], at=now)
     # robust: an unexpected error is logged, never raised out of the caller's commit.
     transaction.on_commit(lambda: _admit_after_commit(names, joins), robust=True)
     return Enqueued(entry_id=entry.queue_id, key=entry.key, admitted=False)
+
+
+def _insert_line_rows(rows: list[Demand]) -> None:
+    """Insert an entry's line rows in the caller's transaction without locking their pools.
+
+    On MariaDB/MySQL a checked foreign key would hold a shared lock on each pool row until
+    the caller commits (:func:`~pools.core.locking.parent_rows_unlocked`); the pools are
+    read again after the insert instead (READ COMMITTED: the latest committed rows), and a
+    pool deleted meanwhile is refused as unknown. From then on the uncommitted rows keep
+    the pool from being deleted, as a checked key would.
+    """
+    with parent_rows_unlocked():
+        Demand.objects.bulk_create(rows)
+    if connection.vendor == "mysql":
+        ids = {row.pool_id: row.pool.name for row in rows}
+        found = set(Pool.objects.filter(pk__in=list(ids)).values_list("pk", flat=True))
+        missing = sorted(name for pk, name in ids.items() if pk not in found)
+        if missing:
+            raise UnknownPool(missing[0])
 
 
 def _admit_after_commit(names: list[str], due: datetime) -> None:

@@ -320,7 +320,8 @@ def _mysql_session_bound() -> Iterator[None]:
 
 
 def _restore(restore_sql: str) -> None:
-    """Set the session variables back. Never raises: the pools work is already done.
+    """Set the session variables back (lock timeouts, foreign key checks). Never raises:
+    the pools work is already done.
 
     After a failure that broke the caller's transaction (a deadlock inside an outer
     ``atomic``) Django refuses queries until that block ends, so the statement goes
@@ -338,10 +339,38 @@ def _restore(restore_sql: str) -> None:
             with connection.cursor() as cursor:
                 cursor.execute(restore_sql)
     except DatabaseError as exc:  # pragma: no cover - the connection broke meanwhile
-        logger.warning("could not restore the session's lock timeouts: %s", exc)
+        logger.warning("could not restore the session's settings: %s", exc)
         connection.close_if_unusable_or_obsolete()
     except Exception as exc:  # the raw driver's own error class  # pragma: no cover
-        logger.warning("could not restore the session's lock timeouts: %s", exc)
+        logger.warning("could not restore the session's settings: %s", exc)
+
+
+#: MySQL/MariaDB: foreign keys unchecked for a block, the session's own setting saved.
+FK_UNCHECKED = "SET @pools_saved_fk = @@SESSION.foreign_key_checks, SESSION foreign_key_checks = 0"
+FK_RESTORE = "SET SESSION foreign_key_checks = @pools_saved_fk"
+
+
+@contextmanager
+def parent_rows_unlocked() -> Iterator[None]:
+    """Rows inserted inside lock no row their foreign keys point at (MySQL/MariaDB).
+
+    InnoDB checks a foreign key at the insert and keeps a shared lock on the referenced
+    row until the transaction ends: a line row inserted in a caller's transaction would
+    hold its pool row until the caller commits, and every admission of that pool would
+    wait. Inside this block the session's ``foreign_key_checks`` is off (its own value
+    is back after the block, success or failure), so the caller checks that the rows it
+    references exist. Does nothing on other databases (PostgreSQL checks the deferred
+    keys at commit; SQLite serializes writers anyway).
+    """
+    if connection.vendor != "mysql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(FK_UNCHECKED)
+    try:
+        yield
+    finally:
+        _restore(FK_RESTORE)
 
 
 @contextmanager

@@ -7,13 +7,15 @@ and keeps its transaction open until this test tells it to end it (and at least
 1-slot pool and real prefork workers run and settle those calls: all of that must be
 done while the holder's transaction is still open (an order of events, not a timing).
 Then the holder commits (its entry is admitted and runs) or rolls back (no entry, no
-message). The sabotage twin makes the holder take the pool lock inside its transaction,
-as the enqueue did before, and shows the same test then fails: the other call raises
-``PoolUnavailable``.
+message). The sabotage twins make the holder lock the pool row inside its transaction
+(the enqueue as it was; on MariaDB/MySQL also the foreign keys checked at the insert) and
+show the same test then fails: the other call raises ``PoolUnavailable``. PostgreSQL and
+MariaDB/MySQL alike (``make test-postgres``, ``make test-mariadb``).
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
 import sys
@@ -42,10 +44,10 @@ RESULT_TIMEOUT = 120.0
 class Holder:
     """The holder subprocess: its output lines, one at a time, with a timeout."""
 
-    def __init__(self, *, locked: bool) -> None:
+    def __init__(self, *, sabotage: str) -> None:
         env = _worker_env()
-        if locked:
-            env["POOLS_TEST_LOCKED_ENQUEUE"] = "1"
+        if sabotage:
+            env["POOLS_TEST_LOCKED_ENQUEUE"] = sabotage
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.acceptance.txn_holder", str(HOLD)],
             cwd=ROOT,
@@ -103,8 +105,8 @@ def holder() -> Iterator[list[Holder]]:
                 pipe.close()
 
 
-def _start(holders: list[Holder], *, locked: bool = False) -> tuple[Holder, str]:
-    h = Holder(locked=locked)
+def _start(holders: list[Holder], *, sabotage: str = "") -> tuple[Holder, str]:
+    h = Holder(sabotage=sabotage)
     holders.append(h)
     return h, h.expect("enqueued").split()[1]
 
@@ -179,15 +181,21 @@ def test_in_transaction__rollback_leaves_no_entry_and_no_message(
     assert Pool.objects.get(name=ACCEPT_POOL).held in (0, 1)
 
 
+#: Sabotage twins: the pool lock taken inside the transaction (the enqueue before this
+#: change); on MariaDB/MySQL also the line rows' foreign keys checked at the insert (a
+#: shared lock on the pool row until the holder commits).
+SABOTAGES = ["1", *(["fk"] if os.environ.get("POOLS_TEST_DB") == "mysql" else [])]
+
+
+@pytest.mark.parametrize("sabotage", SABOTAGES, ids={"1": "locked", "fk": "fk-checked"}.get)
 def test_in_transaction__sabotage_locked_enqueue_blocks_other_calls(
-    celery_workers: StartWorkers, holder: list[Holder]
+    celery_workers: StartWorkers, holder: list[Holder], sabotage: str
 ) -> None:
-    """The check above can fail: a holder that takes the pool lock inside its transaction
-    (the enqueue before this change) makes another process's call wait out the lock bound
-    and raise ``PoolUnavailable``."""
+    """The check above can fail: a holder that locks the pool row inside its transaction
+    makes another process's call wait out the lock bound and raise ``PoolUnavailable``."""
     celery_workers(count=1, concurrency=2)
     Pool.objects.create(name=ACCEPT_POOL, slots=1)
-    h, held = _start(holder, locked=True)
+    h, held = _start(holder, sabotage=sabotage)
     began = time.monotonic()
     with pytest.raises(PoolUnavailable):
         span.delay(0, 0.01)

@@ -4,8 +4,9 @@
 the pooled task ``span`` (prints ``enqueued <task id>``), then hold the transaction open
 until a line arrives on stdin and at least ``HOLD`` seconds have passed (the view's
 other work); ``commit`` commits, anything else rolls back. Prints ``committed`` or
-``rolled back`` (``committed`` with the time of the commit). ``POOLS_TEST_LOCKED_ENQUEUE=1`` takes the pool lock inside the
-transaction as before (the sabotage twin).
+``rolled back`` (``committed`` with the time of the commit). ``POOLS_TEST_LOCKED_ENQUEUE=1``
+takes the pool lock inside the transaction as before (the sabotage twin); ``=fk`` (MariaDB)
+lets InnoDB check the line rows' foreign keys at the insert.
 """
 
 from __future__ import annotations
@@ -30,10 +31,17 @@ class _Rollback(Exception):
 
 
 def main(hold: float) -> None:
-    if os.environ.get("POOLS_TEST_LOCKED_ENQUEUE") == "1":
+    sabotage = os.environ.get("POOLS_TEST_LOCKED_ENQUEUE")
+    if sabotage == "1":
         from pools.core import admission
 
         admission._in_callers_transaction = lambda: False
+    elif sabotage == "fk":
+        from contextlib import nullcontext
+
+        from pools.core import admission
+
+        admission.parent_rows_unlocked = nullcontext  # type: ignore[assignment]
     try:
         committed_at: list[float] = []
         with transaction.atomic():

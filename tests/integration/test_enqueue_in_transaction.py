@@ -59,8 +59,12 @@ def other_session() -> Iterator[Any]:
         import MySQLdb
 
         con = MySQLdb.connect(
-            host=d["HOST"], port=int(d["PORT"]), user=d["USER"], password=d["PASSWORD"],
-            database=d["NAME"], autocommit=False,
+            host=d["HOST"],
+            port=int(d["PORT"]),
+            user=d["USER"],
+            password=d["PASSWORD"],
+            database=d["NAME"],
+            autocommit=False,
         )
     try:
         yield con
@@ -99,11 +103,15 @@ def sabotage(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     if how == "locked":
         monkeypatch.setattr(admission, "_in_callers_transaction", lambda: False)
     elif how == "fk-checked":
-        monkeypatch.setattr(locking, "parent_rows_unlocked", nullcontext)
+        monkeypatch.setattr(admission, "parent_rows_unlocked", nullcontext)
 
 
 #: The sabotage twins of a lock test on this database.
-SABOTAGES = ["none", "locked", *(["fk-checked"] if os.environ.get("POOLS_TEST_DB") == "mysql" else [])]
+SABOTAGES = [
+    "none",
+    "locked",
+    *(["fk-checked"] if os.environ.get("POOLS_TEST_DB") == "mysql" else []),
+]
 
 
 @pytest.mark.parametrize("how", SABOTAGES, ids=lambda h: h if h == "none" else f"sabotage-{h}")
@@ -283,3 +291,66 @@ def test_enqueue_in_atomic__the_sweep_admits_it_if_the_caller_died_after_commit(
         monkeypatch.setattr(admission, "note_due_entries", lambda: 0)
     sweeps.sweep()
     assert (recorder.keys() == ["a"]) is repair
+
+
+# --------------------------------------------------------------------------- MariaDB/MySQL
+
+
+def _foreign_key_checks() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT @@SESSION.foreign_key_checks")
+        return int(cur.fetchone()[0])
+
+
+@pytest.mark.mysql
+@pytest.mark.parametrize("session", [1, 0])
+def test_enqueue_in_atomic__session_foreign_key_checks_are_back_after_the_call(
+    recorder: RecordingBridge, session: int
+) -> None:
+    """The keys are unchecked for the line rows' insert only: the caller's session has its
+    own setting back right after the call, and after an error inside the insert."""
+    make_pool("p", 1)
+
+    class Boom(Exception):
+        pass
+
+    with connection.cursor() as cur:
+        cur.execute("SET SESSION foreign_key_checks = %s", [session])
+    try:
+        with transaction.atomic():
+            submit("p", key="a")
+            assert _foreign_key_checks() == session
+            with pytest.raises(Boom), locking.parent_rows_unlocked():
+                assert _foreign_key_checks() == 0
+                raise Boom
+            assert _foreign_key_checks() == session
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("SET SESSION foreign_key_checks = 1")
+    assert recorder.keys() == ["a"]
+
+
+@pytest.mark.mysql
+def test_enqueue_in_atomic__pool_deleted_before_the_insert_is_refused_as_unknown(
+    recorder: RecordingBridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keys are not checked at the insert, so the pools are read again after it: a
+    pool deleted by another session after the call read it is refused (nothing written),
+    not left with line rows pointing at no pool."""
+    make_pool("p", 1)
+    make_pool("gone", 1)
+    real = admission._demand_rows
+
+    def rows_then_delete(*args: Any, **kwargs: Any) -> list[Demand]:
+        rows = real(*args, **kwargs)
+        assert elsewhere(lambda: Pool.objects.filter(name="gone").delete()) == []
+        return rows
+
+    monkeypatch.setattr(admission, "_demand_rows", rows_then_delete)
+    with transaction.atomic():
+        with pytest.raises(UnknownPool, match="gone"):
+            submit({"p": 1, "gone": 1}, key="a")
+        assert not Pool.objects.filter(name="gone").exists()
+    assert not QueueEntry.objects.filter(key="a").exists()
+    assert not Demand.objects.exists()
+    assert recorder.keys() == []
