@@ -83,9 +83,11 @@ test-rabbitmq: install services
 	$(BIN)/pytest -q tests/acceptance $(RABBITMQ_SKIP)
 
 # A rolling deploy from the previous release (its tree from git history) to this one, with
-# calls in flight, and its sabotage twin (~3 min; PostgreSQL database pools_upgrade, Redis
-# db 10/11). Figures: python -m tests.upgrade.run.
+# calls in flight, and its sabotage twin, on PostgreSQL (~3 min; database pools_upgrade)
+# and on MariaDB, the ORM path (~1.5 min; database mdb_upgrade); Redis db 10/11.
+# Figures: python -m tests.upgrade.run [--database mysql].
 test-upgrade: install services
+	@bash scripts/services.sh mariadb
 	POOLS_TEST_DB=postgres CELERY_BROKER_URL=redis://127.0.0.1:6379/14 \
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
 	$(BIN)/pytest -q tests/upgrade
@@ -113,11 +115,15 @@ mysql-client:
 # MariaDB/MySQL (127.0.0.1:3306, root; POOLS_MYSQL_* to change) on the ORM path, with real
 # Celery prefork workers on Redis (db 12/13): the admission and locking integration tests,
 # the 8-process contention proof (600 entries, to stay near 3 min) with its sabotage
-# self-test, and the core acceptance tests (priority order, never oversubscribed,
-# SIGKILL recovery, canvas, duplicate deliveries). ~3 min.
+# self-test, calls inside a caller's transaction (no pool row locked until its commit; the
+# acceptance run's sabotage twins stay in tests/acceptance), and the core acceptance tests
+# (priority order, never oversubscribed, SIGKILL recovery, canvas, duplicate deliveries).
+# ~4 min.
 MARIADB_ACCEPTANCE := tests/acceptance/test_gate_workers.py tests/acceptance/test_canvas.py \
 	"tests/acceptance/test_faults.py::test_faults__sigkilled_worker_claims_return_through_the_beat_sweep" \
-	tests/acceptance/test_worker_gate.py
+	tests/acceptance/test_worker_gate.py \
+	"tests/acceptance/test_enqueue_in_transaction.py::test_in_transaction__other_calls_and_settles_go_on_then_commit_admits" \
+	"tests/acceptance/test_enqueue_in_transaction.py::test_in_transaction__rollback_leaves_no_entry_and_no_message"
 test-mariadb: install
 	@bash scripts/services.sh mariadb
 	POOLS_TEST_DB=mysql CELERY_BROKER_URL=redis://127.0.0.1:6379/12 \
@@ -125,7 +131,7 @@ test-mariadb: install
 	$(BIN)/pytest -q tests/integration/test_admission.py tests/integration/test_leases.py \
 		tests/integration/test_locking_mysql.py tests/integration/test_checks_mysql.py \
 		tests/integration/test_unavailable_reasons.py tests/integration/test_contention.py \
-		tests/unit/test_service_requirement.py \
+		tests/integration/test_enqueue_in_transaction.py tests/unit/test_service_requirement.py \
 		$(MARIADB_ACCEPTANCE)
 
 # Debian's PgBouncer (1.18 on Debian 12) for the transaction-pooler tier. Installed with apt

@@ -2,11 +2,13 @@
 
     python -m tests.upgrade.run                  # from PREVIOUS (below)
     python -m tests.upgrade.run --from <git ref> --calls 100
+    python -m tests.upgrade.run --database mysql # MariaDB/MySQL (the ORM path)
 
-What a rolling deploy does, on real PostgreSQL, Redis and prefork workers:
+What a rolling deploy does, on real PostgreSQL (or MariaDB/MySQL: 127.0.0.1:3306, root,
+``POOLS_MYSQL_*`` as in ``tests/settings.py``), Redis and prefork workers:
 
 1. The previous release's tree (``git archive``) and a fresh database ``pools_upgrade``
-   migrated by that release.
+   (MariaDB: ``mdb_upgrade``) migrated by that release.
 2. That release's worker (``-c 4``) and its web process submitting pooled calls at a steady
    pace (``tests/upgrade/submit.py``, run with that tree first on ``PYTHONPATH``).
 3. While they run: this tree's ``check --database default`` (it must name ``migrate``),
@@ -19,7 +21,8 @@ What a rolling deploy does, on real PostgreSQL, Redis and prefork workers:
 Figures: calls refused at submit, calls that ended FAILURE, calls still PENDING, bodies
 run more than once (counted in both workers' logs), the longest gap between two body
 starts (calls were waiting all along), and how long ``migrate`` took. The targets: 0, 0,
-0, 0, and a gap shorter than the lease. Exit status 1 when a target is missed.
+0, 0, a gap shorter than the lease, and a check that names ``migrate`` when this tree has
+migrations the database lacks. Exit status 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: is tagged yet; this becomes the last release tag once there is one).
 PREVIOUS = "4e70a157d74d5d2229ec41ffcddaba1b8204642d"
 DATABASE = "pools_upgrade"
+#: The database of a run on MariaDB/MySQL (``--database mysql``).
+MYSQL_DATABASE = "mdb_upgrade"
 BROKER = os.environ.get("POOLS_UPGRADE_BROKER", "redis://127.0.0.1:6379/10")
 BACKEND = os.environ.get("POOLS_UPGRADE_BACKEND", "redis://127.0.0.1:6379/11")
 #: Short, so that a claim lost in the upgrade would show as a gap of about this much.
@@ -69,6 +74,7 @@ class Figures:
     """What the run measured (see the module docstring for the targets)."""
 
     previous: str
+    database: str = "postgres"
     calls: int = 0
     refused: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -78,6 +84,8 @@ class Figures:
     longest_gap_seconds: float = 0.0
     migrate_seconds: float = 0.0
     check_before_migrate: str = ""
+    #: This tree's ``pools`` migrations the database had not applied before ``migrate``.
+    unapplied_before_migrate: list[str] = field(default_factory=list)
     old_worker_exit: int | None = None
 
     def missed(self) -> list[str]:
@@ -90,7 +98,8 @@ class Figures:
                 misses.append(f"{name}: {len(value)}, e.g. {shown[:2]}")
         if self.longest_gap_seconds >= LEASE_SECONDS:
             misses.append(f"a stall of {self.longest_gap_seconds:.1f} s (lease {LEASE_SECONDS} s)")
-        if "manage.py migrate" not in self.check_before_migrate:
+        named = "manage.py migrate" in self.check_before_migrate
+        if self.unapplied_before_migrate and not named:
             misses.append("check --database default did not name migrate before migrating")
         return misses
 
@@ -116,7 +125,23 @@ def export_tree(ref: str, into: Path) -> str:
     return commit
 
 
-def fresh_database() -> None:
+def fresh_database(database: str = "postgres") -> None:
+    if database == "mysql":
+        import MySQLdb
+
+        conn = MySQLdb.connect(
+            host=os.environ.get("POOLS_MYSQL_HOST", "127.0.0.1"),
+            port=int(os.environ.get("POOLS_MYSQL_PORT", "3306")),
+            user=os.environ.get("POOLS_MYSQL_USER", "root"),
+            password=os.environ.get("POOLS_MYSQL_PASSWORD", ""),
+        )
+        try:
+            cursor = conn.cursor()
+            cursor.execute(f"DROP DATABASE IF EXISTS {MYSQL_DATABASE}")
+            cursor.execute(f"CREATE DATABASE {MYSQL_DATABASE} CHARACTER SET utf8mb4")
+        finally:
+            conn.close()
+        return
     import psycopg
 
     with psycopg.connect(
@@ -127,14 +152,15 @@ def fresh_database() -> None:
         conn.execute(f"CREATE DATABASE {DATABASE}")
 
 
-def env_for(tree: Path) -> dict[str, str]:
+def env_for(tree: Path, database: str = "postgres") -> dict[str, str]:
     """The environment of every process of ``tree``'s release."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     env.update(
         DJANGO_SETTINGS_MODULE="tests.settings",
         PYTHONPATH=str(tree),
-        POOLS_TEST_DB="postgres",
+        POOLS_TEST_DB=database,
         POOLS_PG_NAME=DATABASE,
+        POOLS_MYSQL_NAME=MYSQL_DATABASE,
         CELERY_BROKER_URL=BROKER,
         CELERY_RESULT_BACKEND=BACKEND,
         POOLS_LEASE_SECONDS=str(LEASE_SECONDS),
@@ -143,12 +169,12 @@ def env_for(tree: Path) -> dict[str, str]:
     return env
 
 
-def manage(tree: Path, *args: str) -> str:
+def manage(tree: Path, *args: str, database: str = "postgres") -> str:
     """``django-admin <args>`` with ``tree``'s code; its output (raises on failure)."""
     done = subprocess.run(
         [sys.executable, "-m", "django", *args],
         cwd=tree,
-        env=env_for(tree),
+        env=env_for(tree, database),
         capture_output=True,
         text=True,
         timeout=300,
@@ -158,7 +184,9 @@ def manage(tree: Path, *args: str) -> str:
     return done.stdout + done.stderr
 
 
-def web(tree: Path, out: Path, count: int, tag: str, logs: Path) -> processes.Process:
+def web(
+    tree: Path, out: Path, count: int, tag: str, logs: Path, database: str
+) -> processes.Process:
     argv = [
         sys.executable,
         str(ROOT / "tests" / "upgrade" / "submit.py"),
@@ -169,18 +197,22 @@ def web(tree: Path, out: Path, count: int, tag: str, logs: Path) -> processes.Pr
         tag,
     ]
     return processes.start_process(
-        argv, log=logs / f"web-{tag}.log", name=f"web-{tag}", env=env_for(tree), cwd=tree
+        argv,
+        log=logs / f"web-{tag}.log",
+        name=f"web-{tag}",
+        env=env_for(tree, database),
+        cwd=tree,
     )
 
 
-def worker(tree: Path, node: str, logs: Path, *, beat: bool) -> processes.Process:
+def worker(tree: Path, node: str, logs: Path, *, beat: bool, database: str) -> processes.Process:
     return processes.start_worker(
         "tests",
         node=node,
         log=logs / f"{node}.log",
         concurrency=4,
         beat=beat,
-        env=env_for(tree),
+        env=env_for(tree, database),
         cwd=tree,
     )
 
@@ -206,33 +238,38 @@ def run(
     calls: int = 100,
     workdir: Path | None = None,
     new: Path = ROOT,
+    database: str = "postgres",
 ) -> Figures:
-    """The whole upgrade to the tree ``new`` (this checkout); returns its figures
-    (processes are stopped in any case)."""
+    """The whole upgrade to the tree ``new`` (this checkout) on ``database`` (``postgres``
+    or ``mysql``); returns its figures (processes are stopped in any case)."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="pools-upgrade-"))
     old = workdir / "previous"
     logs = workdir / "logs"
-    figures = Figures(previous=export_tree(previous, old))
-    fresh_database()
+    figures = Figures(previous=export_tree(previous, old), database=database)
+    fresh_database(database)
     _flush()
     # Celery reads these variables before its own configuration (a test run sets them).
     os.environ.update(CELERY_BROKER_URL=BROKER, CELERY_RESULT_BACKEND=BACKEND)
     app = Celery("upgrade", broker=BROKER, backend=BACKEND)
-    manage(old, "migrate", "--noinput")
+    manage(old, "migrate", "--noinput", database=database)
     started: list[processes.Process] = []
     out = workdir / "calls.jsonl"
     try:
-        old_worker = worker(old, "old", logs, beat=False)
+        old_worker = worker(old, "old", logs, beat=False, database=database)
         started.append(old_worker)
         _ready(old_worker, app)
-        old_web = web(old, out, calls, "old", logs)
+        old_web = web(old, out, calls, "old", logs, database)
         started.append(old_web)
         time.sleep(2.0)  # calls in flight on the old release
-        figures.check_before_migrate = manage(new, "check", "--database", "default")
+        plan = manage(new, "showmigrations", "pools", "--plan", database=database)
+        figures.unapplied_before_migrate = re.findall(r"\[ \]\s+pools\.(\S+)", plan)
+        figures.check_before_migrate = manage(
+            new, "check", "--database", "default", database=database
+        )
         began = time.monotonic()
-        manage(new, "migrate", "--noinput")
+        manage(new, "migrate", "--noinput", database=database)
         figures.migrate_seconds = round(time.monotonic() - began, 2)
-        new_worker = worker(new, "new", logs, beat=True)
+        new_worker = worker(new, "new", logs, beat=True, database=database)
         started.append(new_worker)
         _ready(new_worker, app)
         old_worker.proc.terminate()  # a deploy's SIGTERM: warm shutdown
@@ -240,7 +277,7 @@ def run(
             figures.old_worker_exit = old_worker.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             figures.old_worker_exit = None
-        new_web = web(new, out, calls // 2, "new", logs)
+        new_web = web(new, out, calls // 2, "new", logs, database)
         started.append(new_web)
         for process in (old_web, new_web):
             process.proc.wait(timeout=120 + calls * INTERVAL)
@@ -286,8 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--from", dest="previous", default=PREVIOUS, help="git ref of the release")
     parser.add_argument("--calls", type=int, default=100, help="calls of the old web process")
+    parser.add_argument("--database", choices=["postgres", "mysql"], default="postgres")
     args = parser.parse_args(argv)
-    figures = run(args.previous, args.calls)
+    figures = run(args.previous, args.calls, database=args.database)
     report: dict[str, Any] = asdict(figures)
     report["missed"] = figures.missed()
     print(json.dumps(report, indent=2))
