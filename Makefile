@@ -118,7 +118,7 @@ mysql-client:
 # self-test, calls inside a caller's transaction (no pool row locked until its commit; the
 # acceptance run's sabotage twins stay in tests/acceptance), and the core acceptance tests
 # (priority order, never oversubscribed, SIGKILL recovery, canvas, duplicate deliveries).
-# ~4 min.
+# ~3.5 min.
 MARIADB_ACCEPTANCE := tests/acceptance/test_gate_workers.py tests/acceptance/test_canvas.py \
 	"tests/acceptance/test_faults.py::test_faults__sigkilled_worker_claims_return_through_the_beat_sweep" \
 	tests/acceptance/test_worker_gate.py \

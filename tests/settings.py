@@ -86,7 +86,7 @@ elif DB_KIND == "mysql":
             "PASSWORD": os.environ.get("POOLS_MYSQL_PASSWORD", ""),
             "HOST": os.environ.get("POOLS_MYSQL_HOST", "127.0.0.1"),
             "PORT": os.environ.get("POOLS_MYSQL_PORT", "3306"),
-            # READ COMMITTED (Django's default on MySQL, spelled out: pools.W003 checks it)
+            # READ COMMITTED (Django's default on MySQL, spelled out: pools.W020 checks it)
             # and utf8mb4 for task names and keys.
             # POOLS_MYSQL_ISOLATION only to measure another level (docs/concepts/databases.md).
             "OPTIONS": {

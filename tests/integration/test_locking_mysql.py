@@ -243,6 +243,11 @@ def test_lock_timeout__settle_raises_and_the_claim_is_still_held(
     assert recorder.keys() == ["run", "next"]
 
 
+#: A submit that ends the older waiting entries of its job: it locks its pools even inside
+#: a caller's transaction (a plain call there does not: test_enqueue_in_transaction.py).
+REPLACE_JOB = {"job": "j", "concurrency_policy": "replace"}
+
+
 def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(
     recorder: RecordingBridge, settings: Settings
 ) -> None:
@@ -250,9 +255,10 @@ def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(
     make_pool("other", 1)
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
     with transaction.atomic():
-        assert submit("other", key="kept").admitted
+        submit("other", key="kept")  # no pool lock inside a transaction: admitted at commit
+        # A call that ends other entries (a "replace" job) still takes the pool's lock.
         with pool_rows_locked("p"), pytest.raises(PoolUnavailable, match=TIMED_OUT):
-            submit("p", key="timed-out")
+            submit("p", key="timed-out", **REPLACE_JOB)
         assert list(QueueEntry.objects.values_list("key", flat=True)) == ["kept"]
     assert recorder.keys() == ["kept"]
     assert not QueueEntry.objects.filter(key="timed-out").exists()
@@ -278,7 +284,7 @@ def test_bound__is_set_during_the_pools_transaction_only(
         submit("p", key="refused")
     assert session_timeouts() == (17, 9)
     with transaction.atomic():
-        submit("p", key="nested")
+        submit("p", key="nested", **REPLACE_JOB)  # under the pool's lock (see above)
         assert session_timeouts() == (17, 9)
     set_session_timeouts(50, 0)
 
