@@ -245,7 +245,7 @@ def test_lock_timeout__settle_raises_and_the_claim_is_still_held(
 
 #: A submit that ends the older waiting entries of its job: it locks its pools even inside
 #: a caller's transaction (a plain call there does not: test_enqueue_in_transaction.py).
-REPLACE_JOB = {"job": "j", "concurrency_policy": "replace"}
+REPLACE_JOB: dict[str, Any] = {"job": "j", "concurrency_policy": "replace"}
 
 
 def test_lock_timeout__inside_the_callers_transaction_leaves_it_usable(
