@@ -84,7 +84,7 @@ test-rabbitmq: install services
 
 # A rolling deploy from the previous release (its tree from git history) to this one, with
 # calls in flight, and its sabotage twin, on PostgreSQL (~3 min; database pools_upgrade)
-# and on MariaDB, the ORM path (~1.5 min; database mdb_upgrade); Redis db 10/11.
+# and on MariaDB, the ORM path (~1 min; database mdb_upgrade); Redis db 10/11.
 # Figures: python -m tests.upgrade.run [--database mysql].
 test-upgrade: install services
 	@bash scripts/services.sh mariadb
