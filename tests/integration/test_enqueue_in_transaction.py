@@ -56,16 +56,9 @@ def other_session() -> Iterator[Any]:
             dbname=d["NAME"], user=d["USER"], host=d["HOST"], port=d["PORT"], password=d["PASSWORD"]
         )
     else:
-        import MySQLdb
+        from tests.integration.test_locking_mysql import raw_connection
 
-        con = MySQLdb.connect(
-            host=d["HOST"],
-            port=int(d["PORT"]),
-            user=d["USER"],
-            password=d["PASSWORD"],
-            database=d["NAME"],
-            autocommit=False,
-        )
+        con = raw_connection()
     try:
         yield con
     finally:

@@ -125,16 +125,22 @@ def export_tree(ref: str, into: Path) -> str:
     return commit
 
 
+def mysql_server() -> Any:
+    """A connection to the MariaDB/MySQL server (no database), as ``tests/settings.py``
+    finds it."""
+    import MySQLdb
+
+    return MySQLdb.connect(
+        host=os.environ.get("POOLS_MYSQL_HOST", "127.0.0.1"),
+        port=int(os.environ.get("POOLS_MYSQL_PORT", "3306")),
+        user=os.environ.get("POOLS_MYSQL_USER", "root"),
+        password=os.environ.get("POOLS_MYSQL_PASSWORD", ""),
+    )
+
+
 def fresh_database(database: str = "postgres") -> None:
     if database == "mysql":
-        import MySQLdb
-
-        conn = MySQLdb.connect(
-            host=os.environ.get("POOLS_MYSQL_HOST", "127.0.0.1"),
-            port=int(os.environ.get("POOLS_MYSQL_PORT", "3306")),
-            user=os.environ.get("POOLS_MYSQL_USER", "root"),
-            password=os.environ.get("POOLS_MYSQL_PASSWORD", ""),
-        )
+        conn = mysql_server()
         try:
             cursor = conn.cursor()
             cursor.execute(f"DROP DATABASE IF EXISTS {MYSQL_DATABASE}")

@@ -10,7 +10,6 @@ database ``mdb_upgrade``), whatever database the session's own tests use.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -51,12 +50,7 @@ def mariadb() -> None:
     import MySQLdb
 
     try:
-        MySQLdb.connect(
-            host=os.environ.get("POOLS_MYSQL_HOST", "127.0.0.1"),
-            port=int(os.environ.get("POOLS_MYSQL_PORT", "3306")),
-            user=os.environ.get("POOLS_MYSQL_USER", "root"),
-            password=os.environ.get("POOLS_MYSQL_PASSWORD", ""),
-        ).close()
+        run.mysql_server().close()
     except MySQLdb.OperationalError as exc:
         if IN_CI:
             pytest.fail(f"no MariaDB/MySQL server for the upgrade test: {exc}")
