@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -1278,6 +1278,43 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
         .order_by("deadline")
         .values_list("queue_id", "demand")[:limit]
     )
+    return _end_waiting(rows, now, _expire)
+
+
+def cancel_waiting(entry_ids: Sequence[int], *, reason: str, actor: str | None = None) -> int:
+    """Cancel those of ``entry_ids`` still waiting (each result becomes a revocation).
+
+    Returns how many were cancelled; an entry admitted meanwhile is left alone. Used by
+    ``app.control.purge()`` (:mod:`pools.celery.purge`).
+    """
+    now = timezone.now()
+    cancelled = 0
+    for start in range(0, len(entry_ids), 500):
+        with unavailable_on_error("cancelling waiting entries"):
+            rows = list(
+                QueueEntry.objects.waiting()
+                .filter(pk__in=entry_ids[start : start + 500])
+                .values_list("queue_id", "demand")
+            )
+        cancelled += _end_waiting(
+            rows,
+            now,
+            lambda entries, at: _finish_waiting(
+                entries, EntryState.CANCELLED, at, reason=reason, actor=actor
+            ),
+        )
+    return cancelled
+
+
+def _end_waiting(
+    rows: Iterable[tuple[int, dict[str, int]]],
+    now: datetime,
+    finish: Callable[[list[QueueEntry], datetime], list[Finished]],
+) -> int:
+    """End the waiting entries of ``rows`` (id, demand) with ``finish``, pools' locks held.
+
+    One transaction per set of pools; the freed places are admitted at once.
+    """
     groups: dict[tuple[str, ...], list[int]] = {}
     for queue_id, demand in rows:
         groups.setdefault(tuple(sorted(demand)), []).append(queue_id)
@@ -1285,7 +1322,7 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
     for names, ids in groups.items():
         with locked_pools(names) as pools:
             entries = list(QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING))
-            finished = _expire(entries, now)
+            finished = finish(entries, now)
             needs = _admit_in(pools, now, finished)
         _follow_up(needs)
         count += len(entries)
