@@ -10,6 +10,7 @@ build left in ``build/lib``).
 from __future__ import annotations
 
 import email.parser
+import functools
 import re
 import shutil
 import subprocess
@@ -76,7 +77,8 @@ def build(out: Path) -> Built:
     return found(out)
 
 
-def committable() -> list[str]:
+@functools.cache
+def committable() -> tuple[str, ...]:
     """The work tree's files that git tracks or would add (ignored files left out)."""
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -84,7 +86,7 @@ def committable() -> list[str]:
         check=True,
         capture_output=True,
     ).stdout.decode()
-    return sorted(n for n in set(listed.split("\0")) if n and (ROOT / n).is_file())
+    return tuple(sorted(n for n in set(listed.split("\0")) if n and (ROOT / n).is_file()))
 
 
 def found(out: Path) -> Built:
@@ -129,11 +131,11 @@ def project() -> dict[str, object]:
 
 
 def source_files(*, suffixes: set[str], under: str) -> set[str]:
-    """Files of the work tree below ``under`` with these suffixes, as archive names."""
+    """The files :func:`build` packs from below ``under`` with these suffixes."""
     return {
-        path.relative_to(ROOT).as_posix()
-        for path in (ROOT / under).rglob("*")
-        if path.is_file() and path.suffix in suffixes and "__pycache__" not in path.parts
+        name
+        for name in committable()
+        if name.startswith(f"{under}/") and PurePosixPath(name).suffix in suffixes
     }
 
 
