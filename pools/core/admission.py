@@ -1265,7 +1265,8 @@ def cancel(
             )
             needs = _admit_in(pools, now, finished)
     _follow_up(needs)
-    if entry.job:  # a cancellation supersedes the job's queued retries (job-policies.md)
+    # A cancellation of the job supersedes its queued retries (docs/howto/job-policies.md).
+    if entry.job:
         supersede_retries(entry.job, reason=f"job {entry.job} was cancelled ({key})")
     entry.refresh_from_db()
     return entry
