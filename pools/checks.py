@@ -178,7 +178,7 @@ def _own_worker_connection() -> bool:
     """On the PostgreSQL fast path, workers start and settle on pools' own connection.
 
     Celery's fix-up does not close that one, so CELERY_DB_REUSE_MAX changes nothing there
-    (docs/benchmarks.md, round two: the same speed set and unset).
+    (docs/benchmarks.md, "A lean hot path": the same speed set and unset).
     """
     from pools.pg import fastpath
 

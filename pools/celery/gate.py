@@ -48,7 +48,7 @@ SKIP_KEY_PREFIX = "job:"
 
 @dataclass(frozen=True)
 class JobFields:
-    """A call's job, concurrency policy and idempotency key (SPEC §7)."""
+    """A call's job, concurrency policy and idempotency key (see docs/howto/job-policies.md)."""
 
     job: str = ""
     policy: str = ConcurrencyPolicy.ALLOW.value

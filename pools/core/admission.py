@@ -252,7 +252,8 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
                     and eligibility.blocker(entry, live=live_hostnames, admitted_jobs=admitted_jobs)
                     is not None
                 ):
-                    # An ineligible head blocks its pool's lower entries (SPEC §3).
+                    # An ineligible head blocks its pool's lower entries
+                    # (see docs/concepts/admission.md, Head-of-line blocking).
                     ineligible.add(entry.queue_id)
                     break
                 if (
@@ -796,11 +797,12 @@ def _demand_rows(
 def _supersede_on_enqueue(
     sub: Submission, entry: QueueEntry, pools: dict[str, Pool], now: datetime
 ) -> tuple[list[Finished], dict[str, Any] | None]:
-    """End the waiting entries of the new entry's job that it supersedes (SPEC §7).
+    """End the waiting entries of the new entry's job that it supersedes.
 
     ``replace``: every older waiting entry of the job. A scheduled fire (beat, first
     attempt): the job's queued retries. Those in the locked pools end in this transaction;
-    returns them, and the arguments of :func:`end_waiting_of_job` for any others.
+    returns them, and the arguments of :func:`end_waiting_of_job` for any others. See
+    docs/howto/job-policies.md.
     """
     if not sub.job:
         return [], None
@@ -1263,7 +1265,8 @@ def cancel(
             )
             needs = _admit_in(pools, now, finished)
     _follow_up(needs)
-    if entry.job:  # a cancellation of the job supersedes its queued retries (SPEC §7)
+    # A cancellation of the job supersedes its queued retries (docs/howto/job-policies.md).
+    if entry.job:
         supersede_retries(entry.job, reason=f"job {entry.job} was cancelled ({key})")
     entry.refresh_from_db()
     return entry

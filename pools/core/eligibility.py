@@ -1,7 +1,7 @@
 """Head eligibility: may a waiting entry that is first in line be admitted now?
 
-An entry that fits can still be *ineligible* (SPEC §3): its pool is paused (decided by
-the pass itself), its ``concurrency_policy`` is ``forbid`` and another instance of its job
+An entry that fits can still be *ineligible* (see docs/reference/pool-policies.md,
+Ineligible heads): its pool is paused (decided by the pass itself), its ``concurrency_policy`` is ``forbid`` and another instance of its job
 is admitted or running, or it is pinned to a worker that has no live heartbeat. An
 ineligible head still blocks the lower entries of its pool (head-of-line), like a head
 that waits for slots.
