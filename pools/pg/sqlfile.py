@@ -38,7 +38,7 @@ def _on_postgresql(schema_editor: Any, sql: str) -> None:
             cursor.execute(sql)
 
 
-def _drop_all(names: list[str]) -> str:
+def drop_all(names: list[str]) -> str:
     """A statement dropping every overload of the named functions (in the current schema)."""
     quoted = ", ".join(f"'{n}'" for n in names)
     return f"""
@@ -63,7 +63,7 @@ def run(path: str, reverse: str | None = None) -> migrations.RunPython:
         _on_postgresql(schema_editor, read(path))
 
     def backwards(apps: Any, schema_editor: Any) -> None:
-        sql = read(reverse) if reverse else _drop_all(created_functions(read(path)))
+        sql = read(reverse) if reverse else drop_all(created_functions(read(path)))
         _on_postgresql(schema_editor, sql)
 
     return migrations.RunPython(forwards, backwards)
