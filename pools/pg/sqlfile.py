@@ -27,6 +27,15 @@ def read(path: str) -> str:
     return (SQL_DIR / path).read_text()
 
 
+def deltas() -> list[str]:
+    """The delta files (paths under ``pools/pg/sql/``), in the order of their releases."""
+
+    def release(path: Path) -> tuple[int, ...]:
+        return tuple(int(x) for x in path.name.split("_", 1)[0].split("."))
+
+    return [f"deltas/{p.name}" for p in sorted((SQL_DIR / "deltas").glob("*.sql"), key=release)]
+
+
 def created_functions(sql: str) -> list[str]:
     """The names of the functions a SQL text creates, in order of appearance."""
     return list(dict.fromkeys(_CREATED.findall(sql)))

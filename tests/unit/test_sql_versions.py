@@ -23,7 +23,6 @@ from pools.pg import functions, sqlfile
 PACKAGE = Path(pools.__file__).resolve().parent
 TESTS = Path(__file__).resolve().parents[1]
 SQL_DIR = sqlfile.SQL_DIR
-DELTAS = SQL_DIR / "deltas"
 INITIAL = "0001_release_0_1_0"
 
 #: sha256 of the file the initial migration runs, and of every shipped delta (by path
@@ -51,15 +50,6 @@ def baseline() -> str:
     return str(importlib.import_module(f"pools.migrations.{INITIAL}").BASELINE)
 
 
-def deltas() -> list[str]:
-    """The delta files, by path under pools/pg/sql/, in release order."""
-
-    def release(path: Path) -> tuple[int, ...]:
-        return tuple(int(x) for x in path.name.split("_", 1)[0].split("."))
-
-    return [f"deltas/{p.name}" for p in sorted(DELTAS.glob("*.sql"), key=release)]
-
-
 def test_sql_versions__the_baseline_is_unchanged() -> None:
     name = baseline()
     assert name in PINNED, f"pin the sha256 of {name}, the file the initial migration runs"
@@ -67,7 +57,7 @@ def test_sql_versions__the_baseline_is_unchanged() -> None:
 
 
 def test_sql_versions__shipped_deltas_are_unchanged_and_pinned() -> None:
-    files = deltas()
+    files = sqlfile.deltas()
     changed = [d for d in files if d in PINNED and _digest(SQL_DIR / d) != PINNED[d]]
     assert not changed, (
         f"shipped deltas changed: {changed}. A shipped delta never changes: write the fix "
@@ -81,7 +71,7 @@ def test_sql_versions__shipped_deltas_are_unchanged_and_pinned() -> None:
 
 def test_sql_versions__deltas_are_named_by_release_and_each_is_run_by_a_migration() -> None:
     migrations = [m.read_text() for m in (PACKAGE / "migrations").glob("0*.py")]
-    for delta in deltas():
+    for delta in sqlfile.deltas():
         assert re.fullmatch(r"deltas/\d+\.\d+\.\d+_[a-z0-9_]+\.sql", delta), delta
         runners = [m for m in migrations if f'sqlfile.run("{delta}"' in m]
         assert len(runners) == 1, f"{delta} must be run by exactly one migration"
@@ -94,7 +84,7 @@ def test_sql_versions__schema_creates_every_function_with_the_version_suffix() -
 
 def test_sql_versions__deltas_create_functions_of_a_version_up_to_the_current_one() -> None:
     last: list[str] = []
-    for delta in deltas():
+    for delta in sqlfile.deltas():
         created = sqlfile.created_functions(sqlfile.read(delta))
         for fn in created:
             found = re.fullmatch(r"pools_([a-z]+)_v(\d+)", fn)
