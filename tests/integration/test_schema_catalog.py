@@ -53,13 +53,13 @@ def _missing(message: str) -> None:
     pytest.skip(message)
 
 
-def _admin(sql: str, *params: object) -> list[tuple[object, ...]]:
+def _admin(sql: str) -> list[tuple[object, ...]]:
     import psycopg
 
     with psycopg.connect(
         host="127.0.0.1", port=PORT, user="postgres", dbname="postgres", autocommit=True
     ) as conn:
-        cur = conn.execute(sql.encode(), params or None)  # type: ignore[arg-type]
+        cur = conn.execute(sql.encode())
         return cur.fetchall() if cur.description else []
 
 
