@@ -3,11 +3,14 @@ functions of the fast path.
 
 One migration for the first release. It replaces the migrations the project had before
 0.1.0 (``replaces``): a database that applied all of them is treated as having applied
-this one, and gets nothing more. On PostgreSQL it sets ``fillfactor`` 80 on the entry
-table (a start then fits on its page as a HOT update: docs/concepts/performance.md) and
-runs ``pools/pg/sql/<BASELINE>``, the stored functions as of 0.1.0. BASELINE names the
-file while it is the current schema too; the first change to the SQL after 0.1.0 freezes
-it under a name of its own (docs/howto/sql-changes.md).
+this one, and gets nothing more. So it builds exactly what they built: the columns of
+each table are listed in the order those migrations added them, and on PostgreSQL it sets
+``fillfactor`` 80 on the entry table (room on each page for a start's HOT update: "HOT
+starts" in docs/benchmarks.md) and runs ``pools/pg/sql/<BASELINE>``, the stored functions
+as of 0.1.0 (tests/integration/test_schema_catalog.py and test_schema_sqlite.py compare
+the two). BASELINE names ``schema.sql`` while that is also the current schema; the first
+change to the SQL after 0.1.0 freezes it under a name of its own
+(docs/howto/sql-changes.md).
 """
 
 import re
