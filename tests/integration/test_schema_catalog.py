@@ -24,14 +24,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pools.pg import functions, sqlfile
-from tests.conftest import IN_CI
+from tests.conftest import IN_CI, require_previous_release
 from tests.upgrade import run
 
 pytestmark = [pytest.mark.postgres]
@@ -80,24 +79,7 @@ def _execute(database: str, sql: str) -> list[tuple[object, ...]]:
 
 def _manage(tree: Path, database: str, *args: str) -> str:
     """``django-admin <args>`` with ``tree``'s code on ``database``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
-    env.update(
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        PYTHONPATH=str(tree),
-        POOLS_TEST_DB="postgres",
-        POOLS_PG_NAME=database,
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "django", *args],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, f"{' '.join(args)} on {database}:\n{done.stdout}{done.stderr}"
-    return done.stdout
+    return run.manage(tree, *args, env=run.env_for(tree, POOLS_PG_NAME=database))
 
 
 def dump(database: str) -> dict[str, str]:
@@ -149,11 +131,7 @@ def databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     """The four databases built; yields what this tree's ``migrate --plan`` said on (b)."""
     if shutil.which("pg_dump") is None:
         _missing("pg_dump is not installed (apt-get install postgresql-client)")
-    found = subprocess.run(
-        ["git", "cat-file", "-e", f"{run.PREVIOUS}^{{commit}}"], cwd=run.ROOT, check=False
-    )
-    if found.returncode != 0:
-        _missing(f"the previous release {run.PREVIOUS} is not in this checkout's git history")
+    require_previous_release()
     old = tmp_path_factory.mktemp("previous")
     run.export_tree(run.PREVIOUS, old)
     try:

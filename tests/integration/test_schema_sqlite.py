@@ -9,37 +9,16 @@ No server needed; git history missing: skipped locally, failed under ``CI=true``
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import IN_CI
+from tests.conftest import require_previous_release
 from tests.upgrade import run
 
 
 def _migrate(tree: Path, directory: Path, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
-    env.update(
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        PYTHONPATH=str(tree),
-        POOLS_TEST_DB="sqlite",
-        POOLS_SQLITE_DIR=str(directory),
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "django", "migrate", *args],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, f"migrate {' '.join(args)}:\n{done.stdout}{done.stderr}"
-    return done.stdout
+    env = run.env_for(tree, POOLS_TEST_DB="sqlite", POOLS_SQLITE_DIR=str(directory))
+    return run.manage(tree, "migrate", *args, env=env)
 
 
 def _master(directory: Path) -> list[tuple[str, str, str]]:
@@ -51,14 +30,7 @@ def _master(directory: Path) -> list[tuple[str, str, str]]:
 def test_schema_sqlite__the_old_chain_and_the_squashed_migration_build_one_schema(
     tmp_path: Path,
 ) -> None:
-    found = subprocess.run(
-        ["git", "cat-file", "-e", f"{run.PREVIOUS}^{{commit}}"], cwd=run.ROOT, check=False
-    )
-    if found.returncode != 0:
-        message = f"the previous release {run.PREVIOUS} is not in this checkout's git history"
-        if IN_CI:
-            pytest.fail(message + " (CI=true: the schema test must run)")
-        pytest.skip(message)
+    require_previous_release()
     old_tree, old_db, new_db = tmp_path / "previous", tmp_path / "old", tmp_path / "new"
     for directory in (old_db, new_db):
         directory.mkdir()

@@ -102,6 +102,14 @@ class Figures:
         return misses
 
 
+def in_history(ref: str) -> bool:
+    """True when ``ref`` names a commit of this checkout's history."""
+    found = subprocess.run(
+        ["git", "cat-file", "-e", f"{ref}^{{commit}}"], cwd=ROOT, check=False, capture_output=True
+    )
+    return found.returncode == 0
+
+
 def export_tree(ref: str, into: Path) -> str:
     """``git archive`` of ``ref`` into ``into``; returns the full commit id."""
     try:
@@ -134,8 +142,9 @@ def fresh_database() -> None:
         conn.execute(f"CREATE DATABASE {DATABASE}")
 
 
-def env_for(tree: Path) -> dict[str, str]:
-    """The environment of every process of ``tree``'s release."""
+def env_for(tree: Path, **overrides: str) -> dict[str, str]:
+    """The environment of every process of ``tree``'s release (``overrides`` last: another
+    database for the schema tests)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     env.update(
         DJANGO_SETTINGS_MODULE="tests.settings",
@@ -147,15 +156,17 @@ def env_for(tree: Path) -> dict[str, str]:
         POOLS_LEASE_SECONDS=str(LEASE_SECONDS),
         POOLS_SWEEP_SECONDS=str(SWEEP_SECONDS),
     )
+    env.update(overrides)
     return env
 
 
-def manage(tree: Path, *args: str) -> str:
-    """``django-admin <args>`` with ``tree``'s code; its output (raises on failure)."""
+def manage(tree: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """``django-admin <args>`` with ``tree``'s code (in ``env``, default
+    :func:`env_for`); its output (raises on failure but for ``check``)."""
     done = subprocess.run(
         [sys.executable, "-m", "django", *args],
         cwd=tree,
-        env=env_for(tree),
+        env=env or env_for(tree),
         capture_output=True,
         text=True,
         timeout=300,

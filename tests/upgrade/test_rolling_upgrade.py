@@ -10,13 +10,12 @@ comes from this checkout's git history.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from pools.pg import functions, sqlfile
-from tests.conftest import IN_CI
+from tests.conftest import require_previous_release
 from tests.upgrade import run
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.upgrade]
@@ -35,14 +34,7 @@ def _own_broker(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _history() -> None:
-    found = subprocess.run(
-        ["git", "cat-file", "-e", f"{run.PREVIOUS}^{{commit}}"], cwd=run.ROOT, check=False
-    )
-    if found.returncode != 0:
-        message = f"the previous release {run.PREVIOUS} is not in this checkout's git history"
-        if IN_CI:
-            pytest.fail(message + " (CI=true: the upgrade test must run)")
-        pytest.skip(message)
+    require_previous_release()
 
 
 def test_rolling_upgrade__calls_in_flight_run_once_and_nothing_is_refused(tmp_path: Path) -> None:
