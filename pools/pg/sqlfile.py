@@ -28,10 +28,12 @@ def read(path: str) -> str:
 
 
 def deltas() -> list[str]:
-    """The delta files (paths under ``pools/pg/sql/``), in the order of their releases."""
+    """The delta files (paths under ``pools/pg/sql/``), in the order of their releases
+    (then by name)."""
 
-    def release(path: Path) -> tuple[int, ...]:
-        return tuple(int(x) for x in path.name.split("_", 1)[0].split("."))
+    def release(path: Path) -> tuple[tuple[int, ...], str]:
+        found = re.match(r"(\d+(?:\.\d+)*)_", path.name)
+        return (tuple(int(x) for x in found.group(1).split(".")) if found else ()), path.name
 
     return [f"deltas/{p.name}" for p in sorted((SQL_DIR / "deltas").glob("*.sql"), key=release)]
 
