@@ -93,7 +93,7 @@ test-rabbitmq: install services
 	$(BIN)/pytest -q tests/acceptance $(RABBITMQ_SKIP)
 
 # A rolling deploy from the previous release (its tree from git history) to this one, with
-# calls in flight, and its sabotage twin (~3 min; PostgreSQL database pools_upgrade, Redis
+# calls in flight, and its sabotage twin (~1.5 min; PostgreSQL database pools_upgrade, Redis
 # db 10/11). Figures: python -m tests.upgrade.run.
 test-upgrade: install services
 	POOLS_TEST_DB=postgres CELERY_BROKER_URL=redis://127.0.0.1:6379/14 \

@@ -346,7 +346,7 @@ class QueueEntry(models.Model):
         # whose condition it meets: partial indexes keep that (and the WAL) small. No index
         # names ``state``, so a change that moves no indexed column (start, which keeps a
         # lease that has most of its time left) is a HOT update with no index entry at all;
-        # the table keeps free space on each page for those (fillfactor, migration 0007).
+        # the table keeps free space on each page for those (fillfactor 80, set by the initial migration).
         # Each index serves range queries on its column that imply its condition.
         indexes = [
             models.Index(fields=["key"], name="pools_entry_key"),  # no LIKE twin: = only

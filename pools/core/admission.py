@@ -88,7 +88,7 @@ from pools.models import (
     Pool,
     QueueEntry,
 )
-from pools.pg import fastpath
+from pools.pg import fastpath, functions
 from pools.specs import NAMED_RANK, gate_rank
 
 logger = logging.getLogger("pools.admission")
@@ -233,7 +233,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             while line:
                 if free[pool.pk] <= 0:
                     # A full pool's line is not looked at further (dead heads behind the
-                    # last admission wait for the sweep): the same rule as pools_admit_v7,
+                    # last admission wait for the sweep): the same rule as the admit function,
                     # and not dependent on how many rows this pass happened to read.
                     break
                 entry = line[0].entry
@@ -888,7 +888,7 @@ def _refuse(
     Precedence: an unknown pool, then a demand above a pool's capacity, then a pool paused
     with ``paused_policy="reject"``, then a draining pool, then a full backlog whose
     overflow policy is ``reject``; within each, the first pool by name.
-    ``pools_enqueue_v7`` does the same, and hands the policies to this function.
+    The enqueue function of the fast path does the same, and hands the policies to this function.
     A full backlog with ``drop_oldest`` / ``drop_newest`` drops one waiting entry
     instead (returned, already ended ``rejected``); with ``drop=False`` (no locks held) it
     raises :class:`_NeedsLocks` instead.
@@ -972,14 +972,14 @@ def _deadline(sub: Submission, now: datetime) -> datetime | None:
 def _enqueue_in_one_call(
     sub: Submission, now: datetime, deadline: datetime | None
 ) -> Enqueued | None:
-    """:func:`enqueue` as one call of ``pools_enqueue_v7`` (PostgreSQL fast path).
+    """:func:`enqueue` as one call of the enqueue function (PostgreSQL fast path).
 
     ``None`` when a pool policy decides the enqueue (the function wrote nothing): the
     caller then runs the Python path.
     """
     spec = sub.spec
     reply = fastpath.call(
-        "pools_enqueue_v7",
+        functions.name("enqueue"),
         [
             sub.key,
             sub.task_name,
@@ -1013,7 +1013,7 @@ def _enqueue_in_one_call(
         raise PoolFull(pool, refused.limit or 0)
     enqueued = reply.first("enqueued")
     if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
-        raise RuntimeError("pools_enqueue_v7 returned neither 'refused' nor 'enqueued'")
+        raise RuntimeError(f"{functions.name('enqueue')} returned neither refused nor enqueued")
     admissions = _on_commit(reply)
     admissions += _follow_up(reply.fallbacks)
     return Enqueued(
@@ -1116,9 +1116,9 @@ def _forbid_waiters(job: str, locked: Iterable[str]) -> set[str]:
 def _settle_in_one_call(
     entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
 ) -> bool:
-    """:func:`settle` as one call of ``pools_settle_v7`` (PostgreSQL fast path)."""
+    """:func:`settle` as one call of the settle function (PostgreSQL fast path)."""
     reply = fastpath.call(
-        "pools_settle_v7",
+        functions.name("settle"),
         [
             entry_id,
             token,

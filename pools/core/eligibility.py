@@ -7,7 +7,7 @@ ineligible head still blocks the lower entries of its pool (head-of-line), like 
 that waits for slots.
 
 Both admission paths decide this here, once: the fast-path functions report such heads
-as 'fallback' (``admission_v7.sql``) and the Python pass asks :func:`blocker`. Read-only:
+as 'fallback' (``pools/pg/sql/schema.sql``) and the Python pass asks :func:`blocker`. Read-only:
 the caller holds the locks of the entry's pools.
 
 Exactness of ``forbid``: the check reads the other instances of the job under the locks

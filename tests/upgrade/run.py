@@ -9,8 +9,10 @@ What a rolling deploy does, on real PostgreSQL, Redis and prefork workers:
    migrated by that release.
 2. That release's worker (``-c 4``) and its web process submitting pooled calls at a steady
    pace (``tests/upgrade/submit.py``, run with that tree first on ``PYTHONPATH``).
-3. While they run: this tree's ``check --database default`` (it must name ``migrate``),
-   then this tree's ``migrate`` (timed).
+3. While they run: the migrations this tree would apply (``migrate --plan``; none when
+   the previous release's migrations are all replaced by this tree's), this tree's
+   ``check --database default`` (it must name ``migrate`` when there are some), then this
+   tree's ``migrate`` (timed); afterwards ``showmigrations`` must list nothing unapplied.
 4. This tree's worker with beat embedded; then the old worker gets SIGTERM (warm shutdown,
    what a deploy sends) and exits.
 5. This tree's web process submits calls too; both web processes finish.
@@ -43,9 +45,10 @@ from celery import Celery
 from pools.celery import processes
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The previous release: the last commit before the stored functions' version 7 (nothing
-#: is tagged yet; this becomes the last release tag once there is one).
-PREVIOUS = "4e70a157d74d5d2229ec41ffcddaba1b8204642d"
+#: The previous release: the last commit before the migrations were squashed into the
+#: 0.1.0 initial migration (its 18 migrations and stored functions version 7). Nothing is
+#: tagged yet; this becomes the last release tag (v0.1.0) once there is one.
+PREVIOUS = "bf7d954c7e295b5c1b3b67942b622799398dc9a8"
 DATABASE = "pools_upgrade"
 BROKER = os.environ.get("POOLS_UPGRADE_BROKER", "redis://127.0.0.1:6379/10")
 BACKEND = os.environ.get("POOLS_UPGRADE_BACKEND", "redis://127.0.0.1:6379/11")
@@ -77,22 +80,34 @@ class Figures:
     never_ran: list[str] = field(default_factory=list)
     longest_gap_seconds: float = 0.0
     migrate_seconds: float = 0.0
+    #: Migrations this tree's ``migrate`` applied (``migrate --plan`` before it).
+    planned: list[str] = field(default_factory=list)
     check_before_migrate: str = ""
+    #: ``showmigrations`` lines still unapplied after ``migrate`` (every app).
+    unapplied_after: list[str] = field(default_factory=list)
     old_worker_exit: int | None = None
 
     def missed(self) -> list[str]:
         """The targets this run missed (empty: all met)."""
         misses = []
-        for name in ("refused", "failed", "pending", "ran_twice", "never_ran"):
+        for name in ("refused", "failed", "pending", "ran_twice", "never_ran", "unapplied_after"):
             value = getattr(self, name)
             if value:
                 shown = list(value.items() if isinstance(value, dict) else value)
                 misses.append(f"{name}: {len(value)}, e.g. {shown[:2]}")
         if self.longest_gap_seconds >= LEASE_SECONDS:
             misses.append(f"a stall of {self.longest_gap_seconds:.1f} s (lease {LEASE_SECONDS} s)")
-        if "manage.py migrate" not in self.check_before_migrate:
+        if self.planned and "manage.py migrate" not in self.check_before_migrate:
             misses.append("check --database default did not name migrate before migrating")
         return misses
+
+
+def in_history(ref: str) -> bool:
+    """True when ``ref`` names a commit of this checkout's history."""
+    found = subprocess.run(
+        ["git", "cat-file", "-e", f"{ref}^{{commit}}"], cwd=ROOT, check=False, capture_output=True
+    )
+    return found.returncode == 0
 
 
 def export_tree(ref: str, into: Path) -> str:
@@ -127,8 +142,9 @@ def fresh_database() -> None:
         conn.execute(f"CREATE DATABASE {DATABASE}")
 
 
-def env_for(tree: Path) -> dict[str, str]:
-    """The environment of every process of ``tree``'s release."""
+def env_for(tree: Path, **overrides: str) -> dict[str, str]:
+    """The environment of every process of ``tree``'s release (``overrides`` last: another
+    database for the schema tests)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     env.update(
         DJANGO_SETTINGS_MODULE="tests.settings",
@@ -140,15 +156,17 @@ def env_for(tree: Path) -> dict[str, str]:
         POOLS_LEASE_SECONDS=str(LEASE_SECONDS),
         POOLS_SWEEP_SECONDS=str(SWEEP_SECONDS),
     )
+    env.update(overrides)
     return env
 
 
-def manage(tree: Path, *args: str) -> str:
-    """``django-admin <args>`` with ``tree``'s code; its output (raises on failure)."""
+def manage(tree: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """``django-admin <args>`` with ``tree``'s code (in ``env``, default
+    :func:`env_for`); its output (raises on failure but for ``check``)."""
     done = subprocess.run(
         [sys.executable, "-m", "django", *args],
         cwd=tree,
-        env=env_for(tree),
+        env=env or env_for(tree),
         capture_output=True,
         text=True,
         timeout=300,
@@ -228,10 +246,14 @@ def run(
         old_web = web(old, out, calls, "old", logs)
         started.append(old_web)
         time.sleep(2.0)  # calls in flight on the old release
+        plan = manage(new, "migrate", "--plan")
+        figures.planned = re.findall(r"^(\w+\.\w+)$", plan, flags=re.M)
         figures.check_before_migrate = manage(new, "check", "--database", "default")
         began = time.monotonic()
         manage(new, "migrate", "--noinput")
         figures.migrate_seconds = round(time.monotonic() - began, 2)
+        shown = manage(new, "showmigrations")
+        figures.unapplied_after = [line.strip() for line in shown.splitlines() if "[ ]" in line]
         new_worker = worker(new, "new", logs, beat=True)
         started.append(new_worker)
         _ready(new_worker, app)
