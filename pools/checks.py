@@ -178,7 +178,7 @@ def _own_worker_connection() -> bool:
     """On the PostgreSQL fast path, workers start and settle on pools' own connection.
 
     Celery's fix-up does not close that one, so CELERY_DB_REUSE_MAX changes nothing there
-    (docs/benchmarks.md, round two: the same speed set and unset).
+    (docs/benchmarks.md, "A lean hot path": the same speed set and unset).
     """
     from pools.pg import fastpath
 
@@ -342,6 +342,25 @@ def pending_migrations() -> list[str]:
     return [migration.name for migration, backwards in plan if migration.app_label == "pools"]
 
 
+def unfinished_squash() -> list[str]:
+    """Migrations that a squashed migration of ``pools`` replaces and the default database
+    has not applied, when it applied some of them: Django then sees neither the squashed
+    migration nor the ones it replaces (their files are gone), and ``migrate`` would do
+    nothing. Empty otherwise, or when the database cannot be read."""
+    from django.db.migrations.loader import MigrationLoader
+
+    try:
+        loader = MigrationLoader(connections["default"], ignore_no_migrations=True)
+    except DatabaseError:
+        return []
+    applied = {name for app, name in loader.applied_migrations if app == "pools"}
+    for (app, _), migration in loader.disk_migrations.items():
+        replaced = {name for label, name in migration.replaces if label == "pools"}
+        if app == "pools" and replaced & applied and not replaced <= applied:
+            return sorted(replaced - applied)
+    return []
+
+
 def schema_behind_message(pending: list[str]) -> str:
     """One line naming the fix, for the system check and the worker's start."""
     return (
@@ -360,7 +379,21 @@ def check_schema(
     A warning, not an error: ``migrate`` itself runs the database checks first, and an
     error would stop the command that fixes it.
     """
-    if not databases or "default" not in databases or sys.argv[1:2] == ["migrate"]:
+    if not databases or "default" not in databases:
+        return []
+    unfinished = unfinished_squash()
+    if unfinished:
+        return [
+            Warning(
+                "The database applied only part of the migrations that django-celery-pools "
+                f"0.1.0 replaces with one (not applied: {', '.join(unfinished)}): 'manage.py "
+                "migrate' sees no migration of pools to apply to it.",
+                id="pools.W051",
+                hint="Migrate it with the last commit before 0.1.0 (bf7d954) first, then "
+                "with this release (see Upgrading in the docs).",
+            )
+        ]
+    if sys.argv[1:2] == ["migrate"]:
         return []  # ``migrate`` runs the database checks first: it is the fix, not the news
     pending = pending_migrations()
     if not pending:

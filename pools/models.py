@@ -19,7 +19,7 @@ from pools.specs import POOL_NAME_RE
 
 
 class EntryState(models.TextChoices):
-    """Life of a queue entry (SPEC §2)."""
+    """Life of a queue entry (see docs/concepts/admission.md, States)."""
 
     WAITING = "waiting", _("waiting")
     ADMITTED = "admitted", _("admitted")
@@ -56,7 +56,10 @@ TERMINAL_STATES = (
 
 
 class ConcurrencyPolicy(models.TextChoices):
-    """What a new entry does while another entry of the same job waits or runs (SPEC §6)."""
+    """What a new entry does while another entry of its job waits or runs.
+
+    See docs/howto/job-policies.md.
+    """
 
     ALLOW = "allow", _("allow")
     FORBID = "forbid", _("forbid")
@@ -123,7 +126,8 @@ class Pool(models.Model):
         help_text=_("A paused pool admits nothing; entries keep their place."),
     )
     description = models.TextField(_("description"), blank=True)
-    #: A capacity change waiting for the entries queued before it to drain (SPEC §6):
+    #: A capacity change waiting for the entries queued before it to drain
+    #: (see docs/reference/pool-policies.md):
     #: ``slots`` stays in effect until then.
     pending_slots = models.PositiveIntegerField(
         _("pending slots"),
@@ -342,7 +346,7 @@ class QueueEntry(models.Model):
         # whose condition it meets: partial indexes keep that (and the WAL) small. No index
         # names ``state``, so a change that moves no indexed column (start, which keeps a
         # lease that has most of its time left) is a HOT update with no index entry at all;
-        # the table keeps free space on each page for those (fillfactor, migration 0007).
+        # the table keeps free space on each page for those (fillfactor 80, set by the initial migration).
         # Each index serves range queries on its column that imply its condition.
         indexes = [
             models.Index(fields=["key"], name="pools_entry_key"),  # no LIKE twin: = only

@@ -63,7 +63,8 @@ class PoolRow:
     max_queued: int | None
     nearest_deadline: datetime | None
     head: list[HeadEntry]
-    #: The capacity a pending change drains to (SPEC §6); None when no change is pending.
+    #: The capacity a pending change drains to (docs/reference/pool-policies.md); None
+    #: when no change is pending.
     pending_slots: int | None = None
     #: The pool's rates as stored (``"20/s,100/m"``); empty without a rate.
     rate: str = ""

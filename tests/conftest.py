@@ -43,6 +43,19 @@ def require_service(name: str, host: str, port: int) -> None:
     pytest.skip(message)
 
 
+def require_previous_release() -> None:
+    """Skip (locally) or fail (CI=true) when the previous release's commit
+    (``tests.upgrade.run.PREVIOUS``) is not in this checkout's history (a shallow clone)."""
+    from tests.upgrade import run
+
+    if run.in_history(run.PREVIOUS):
+        return
+    message = f"the previous release {run.PREVIOUS} is not in this checkout's git history"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: tests against the previous release must run)")
+    pytest.skip(message + " (git fetch --unshallow)")
+
+
 def db_vendor() -> str:
     """``postgresql``, ``mysql`` or ``sqlite``: the database the suite runs on."""
     return (

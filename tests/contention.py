@@ -565,20 +565,18 @@ def _states() -> str:
 
 # --------------------------------------------------------------------------- SQL sabotage
 
-#: The statement of ``pools_admit_v7`` that reads the held slots (see admission_v7.sql).
+#: The statement of the admit function that reads the held slots (see schema.sql).
 HELD_SUM_SQL = """        v_free := r.slots - r.held;"""
 
 
 def _admission_sql() -> str:
-    from pathlib import Path
+    from pools.pg import sqlfile
 
-    import pools
-
-    return (Path(pools.__file__).resolve().parent / "pg" / "sql" / "admission_v7.sql").read_text()
+    return sqlfile.read("schema.sql")
 
 
 def install_sabotaged_sql() -> None:
-    """Replace ``pools_admit_v7`` in the test database by a copy that ignores held slots.
+    """Replace the admit function in the test database by a copy that ignores held slots.
 
     The self-test of the proof on the fast path: only the stored function is broken
     (multi-pool heads still go through the intact Python pass).
@@ -587,7 +585,7 @@ def install_sabotaged_sql() -> None:
 
     text = _admission_sql()
     if HELD_SUM_SQL not in text:
-        raise RuntimeError("admission_v7.sql changed: update HELD_SUM_SQL in tests/contention.py")
+        raise RuntimeError("schema.sql changed: update HELD_SUM_SQL in tests/contention.py")
     with connection.cursor() as cursor:
         cursor.execute(text.replace(HELD_SUM_SQL, "        v_free := r.slots;  -- SABOTAGED"))
 
@@ -695,7 +693,7 @@ def run(
     ``fast_path`` picks the path on PostgreSQL (default: the settings'; SQLite always
     runs the ORM path). ``sabotage=True`` breaks the admission *of the path under test* so
     that it ignores held slots: the ORM pass in the children, or on the fast path the
-    stored function ``pools_admit_v7`` (a sabotaged copy installed in the test database
+    stored admit function (a sabotaged copy installed in the test database
     for the run). A self-test showing that the recorder and :func:`sweep` do catch
     oversubscription on that path.
     """

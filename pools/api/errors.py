@@ -38,7 +38,7 @@ from pools.exceptions import (
 
 logger = logging.getLogger("pools.api")
 
-#: The fixed body of every 503 answer (SPEC §5).
+#: The fixed body of every 503 answer (see docs/reference/rest.md, Errors).
 UNAVAILABLE = "pool state is unavailable"
 
 

@@ -66,7 +66,7 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument(
         "--full",
         action="store_true",
-        help="the issue's sizes (5000 W1 tasks, 500 in W2/W3/W5, ...) for every size option "
+        help="the full sizes (5000 W1 tasks, 500 in W2/W3/W5, ...) for every size option "
         "not given; several times slower than the defaults, which take a few minutes",
     )
     parser.add_argument("--reps", type=_positive, default=d.reps, help=f"repetitions ({d.reps})")

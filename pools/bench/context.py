@@ -19,8 +19,8 @@ DEFAULT_WORKLOADS = WORKLOADS[:-1]
 #: server databases) keeps W2's 500 tasks and W3's depths but times fewer tasks elsewhere, so
 #: that a whole default run takes a few minutes on a 2-core machine. ``embedded`` is the
 #: default on SQLite (the embedded stack, W6: its broker polls, so every hand-off costs
-#: ~100 ms and a 500-task line alone takes a minute). ``full`` (``--full``) is the issue's
-#: sizes: 5,000 / 1,000 W1 tasks, 500 in W2, W3 and W5, 1,000 in W4. Every size is also an
+#: ~100 ms and a 500-task line alone takes a minute). ``full`` (``--full``) is the whole
+#: size: 5,000 / 1,000 W1 tasks, 500 in W2, W3 and W5, 1,000 in W4. Every size is also an
 #: option of its own, which wins over the preset.
 EMBEDDED_SIZES: dict[str, int] = {
     "tasks": 500,

@@ -1,4 +1,4 @@
-"""Rate limits (issue 17): the sliding-window checker, and the ``rates`` workload.
+"""Rate limits: the sliding-window checker, and the ``rates`` workload.
 
 The checker (:func:`max_in_window`, :func:`achieved_rate`) is pure counting over start
 times, used both by this workload and by the acceptance test

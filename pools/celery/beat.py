@@ -1,5 +1,6 @@
 """django-celery-beat glue: the sweep's periodic task (on ``migrate``), and waiting fires
-of a periodic task that is changed, disabled or deleted are cancelled (SPEC §7).
+of a periodic task that is changed, disabled or deleted are cancelled (see
+docs/howto/scheduling-with-beat.md).
 
 A change is observed two ways: the model signals of ``PeriodicTask`` (admin, REST, code
 that saves the model; the previous values are read in ``pre_save``), and the sweep, as the

@@ -26,7 +26,7 @@ from celery.utils.nodenames import worker_direct
 from django.utils import timezone
 
 from pools import conf
-from pools.celery import caps, messages, refusals, results
+from pools.celery import caps, messages, purge, refusals, results
 from pools.celery.decorators import gate_task, spec_of
 from pools.celery.messages import (
     ADMITTED_OPTION,
@@ -48,7 +48,7 @@ SKIP_KEY_PREFIX = "job:"
 
 @dataclass(frozen=True)
 class JobFields:
-    """A call's job, concurrency policy and idempotency key (SPEC §7)."""
+    """A call's job, concurrency policy and idempotency key (see docs/howto/job-policies.md)."""
 
     job: str = ""
     policy: str = ConcurrencyPolicy.ALLOW.value
@@ -123,6 +123,7 @@ def install() -> None:
     _original_send_task = celery_base.Celery.send_task
     celery_base.Celery.send_task = _gated_send_task  # type: ignore[method-assign,assignment]
     _install_revoke_hook()
+    purge.install()
 
 
 _original_revoke: Callable[..., Any] | None = None

@@ -255,7 +255,7 @@ def _settle_after_run(
             return
         job = getattr(getattr(sender, "request", None), messages.JOB_HEADER, None)
         if settled and outcome == "succeeded" and job:
-            # A success of the job supersedes its queued retries (SPEC §7).
+            # A success of the job supersedes its queued retries (docs/howto/job-policies.md).
             admission.supersede_retries(str(job), reason=f"job {job} succeeded ({task_id})")
     except Exception:
         logger.exception("Could not release entry %s; its lease will lapse", claim.entry_id)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -88,7 +88,7 @@ from pools.models import (
     Pool,
     QueueEntry,
 )
-from pools.pg import fastpath
+from pools.pg import fastpath, functions
 from pools.specs import NAMED_RANK, gate_rank
 
 logger = logging.getLogger("pools.admission")
@@ -233,7 +233,7 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
             while line:
                 if free[pool.pk] <= 0:
                     # A full pool's line is not looked at further (dead heads behind the
-                    # last admission wait for the sweep): the same rule as pools_admit_v7,
+                    # last admission wait for the sweep): the same rule as the admit function,
                     # and not dependent on how many rows this pass happened to read.
                     break
                 entry = line[0].entry
@@ -252,7 +252,8 @@ def _admit_locked(pools: dict[str, Pool], now: datetime) -> _Pass:
                     and eligibility.blocker(entry, live=live_hostnames, admitted_jobs=admitted_jobs)
                     is not None
                 ):
-                    # An ineligible head blocks its pool's lower entries (SPEC §3).
+                    # An ineligible head blocks its pool's lower entries
+                    # (see docs/concepts/admission.md, Head-of-line blocking).
                     ineligible.add(entry.queue_id)
                     break
                 if (
@@ -796,11 +797,12 @@ def _demand_rows(
 def _supersede_on_enqueue(
     sub: Submission, entry: QueueEntry, pools: dict[str, Pool], now: datetime
 ) -> tuple[list[Finished], dict[str, Any] | None]:
-    """End the waiting entries of the new entry's job that it supersedes (SPEC §7).
+    """End the waiting entries of the new entry's job that it supersedes.
 
     ``replace``: every older waiting entry of the job. A scheduled fire (beat, first
     attempt): the job's queued retries. Those in the locked pools end in this transaction;
-    returns them, and the arguments of :func:`end_waiting_of_job` for any others.
+    returns them, and the arguments of :func:`end_waiting_of_job` for any others. See
+    docs/howto/job-policies.md.
     """
     if not sub.job:
         return [], None
@@ -886,7 +888,7 @@ def _refuse(
     Precedence: an unknown pool, then a demand above a pool's capacity, then a pool paused
     with ``paused_policy="reject"``, then a draining pool, then a full backlog whose
     overflow policy is ``reject``; within each, the first pool by name.
-    ``pools_enqueue_v7`` does the same, and hands the policies to this function.
+    The enqueue function of the fast path does the same, and hands the policies to this function.
     A full backlog with ``drop_oldest`` / ``drop_newest`` drops one waiting entry
     instead (returned, already ended ``rejected``); with ``drop=False`` (no locks held) it
     raises :class:`_NeedsLocks` instead.
@@ -970,14 +972,14 @@ def _deadline(sub: Submission, now: datetime) -> datetime | None:
 def _enqueue_in_one_call(
     sub: Submission, now: datetime, deadline: datetime | None
 ) -> Enqueued | None:
-    """:func:`enqueue` as one call of ``pools_enqueue_v7`` (PostgreSQL fast path).
+    """:func:`enqueue` as one call of the enqueue function (PostgreSQL fast path).
 
     ``None`` when a pool policy decides the enqueue (the function wrote nothing): the
     caller then runs the Python path.
     """
     spec = sub.spec
     reply = fastpath.call(
-        "pools_enqueue_v7",
+        functions.name("enqueue"),
         [
             sub.key,
             sub.task_name,
@@ -1011,7 +1013,7 @@ def _enqueue_in_one_call(
         raise PoolFull(pool, refused.limit or 0)
     enqueued = reply.first("enqueued")
     if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
-        raise RuntimeError("pools_enqueue_v7 returned neither 'refused' nor 'enqueued'")
+        raise RuntimeError(f"{functions.name('enqueue')} returned neither refused nor enqueued")
     admissions = _on_commit(reply)
     admissions += _follow_up(reply.fallbacks)
     return Enqueued(
@@ -1114,9 +1116,9 @@ def _forbid_waiters(job: str, locked: Iterable[str]) -> set[str]:
 def _settle_in_one_call(
     entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
 ) -> bool:
-    """:func:`settle` as one call of ``pools_settle_v7`` (PostgreSQL fast path)."""
+    """:func:`settle` as one call of the settle function (PostgreSQL fast path)."""
     reply = fastpath.call(
-        "pools_settle_v7",
+        functions.name("settle"),
         [
             entry_id,
             token,
@@ -1263,7 +1265,8 @@ def cancel(
             )
             needs = _admit_in(pools, now, finished)
     _follow_up(needs)
-    if entry.job:  # a cancellation of the job supersedes its queued retries (SPEC §7)
+    # A cancellation of the job supersedes its queued retries (docs/howto/job-policies.md).
+    if entry.job:
         supersede_retries(entry.job, reason=f"job {entry.job} was cancelled ({key})")
     entry.refresh_from_db()
     return entry
@@ -1278,6 +1281,43 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
         .order_by("deadline")
         .values_list("queue_id", "demand")[:limit]
     )
+    return _end_waiting(rows, now, _expire)
+
+
+def cancel_waiting(entry_ids: Sequence[int], *, reason: str, actor: str | None = None) -> int:
+    """Cancel those of ``entry_ids`` still waiting (each result becomes a revocation).
+
+    Returns how many were cancelled; an entry admitted meanwhile is left alone. Used by
+    ``app.control.purge()`` (:mod:`pools.celery.purge`).
+    """
+    now = timezone.now()
+    cancelled = 0
+    for start in range(0, len(entry_ids), 500):
+        with unavailable_on_error("cancelling waiting entries"):
+            rows = list(
+                QueueEntry.objects.waiting()
+                .filter(pk__in=entry_ids[start : start + 500])
+                .values_list("queue_id", "demand")
+            )
+        cancelled += _end_waiting(
+            rows,
+            now,
+            lambda entries, at: _finish_waiting(
+                entries, EntryState.CANCELLED, at, reason=reason, actor=actor
+            ),
+        )
+    return cancelled
+
+
+def _end_waiting(
+    rows: Iterable[tuple[int, dict[str, int]]],
+    now: datetime,
+    finish: Callable[[list[QueueEntry], datetime], list[Finished]],
+) -> int:
+    """End the waiting entries of ``rows`` (id, demand) with ``finish``, pools' locks held.
+
+    One transaction per set of pools; the freed places are admitted at once.
+    """
     groups: dict[tuple[str, ...], list[int]] = {}
     for queue_id, demand in rows:
         groups.setdefault(tuple(sorted(demand)), []).append(queue_id)
@@ -1285,7 +1325,7 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
     for names, ids in groups.items():
         with locked_pools(names) as pools:
             entries = list(QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING))
-            finished = _expire(entries, now)
+            finished = finish(entries, now)
             needs = _admit_in(pools, now, finished)
         _follow_up(needs)
         count += len(entries)

@@ -351,12 +351,13 @@ def configured_slots(pool: Pool) -> int:
 
 
 def change_slots(pool: Pool, slots: int, now: datetime, *, actor: str | None = None) -> None:
-    """Ask for a new capacity; the caller holds the pool's lock (SPEC §6, capacity change).
+    """Ask for a new capacity; the caller holds the pool's lock.
 
     With entries in line the new value waits in ``pending_slots``: the old capacity stays
     in effect while those entries drain, new enqueues are refused (``PoolDraining``),
     and the admission pass that empties the line applies it (with an event). With an
-    empty line it takes effect now. Asking for the capacity in effect ends a drain.
+    empty line it takes effect now. Asking for the capacity in effect ends a drain. See
+    docs/reference/pool-policies.md.
     """
     if slots == configured_slots(pool):
         return

@@ -1,13 +1,13 @@
 """Head eligibility: may a waiting entry that is first in line be admitted now?
 
-An entry that fits can still be *ineligible* (SPEC §3): its pool is paused (decided by
-the pass itself), its ``concurrency_policy`` is ``forbid`` and another instance of its job
+An entry that fits can still be *ineligible* (see docs/reference/pool-policies.md,
+Ineligible heads): its pool is paused (decided by the pass itself), its ``concurrency_policy`` is ``forbid`` and another instance of its job
 is admitted or running, or it is pinned to a worker that has no live heartbeat. An
 ineligible head still blocks the lower entries of its pool (head-of-line), like a head
 that waits for slots.
 
 Both admission paths decide this here, once: the fast-path functions report such heads
-as 'fallback' (``admission_v7.sql``) and the Python pass asks :func:`blocker`. Read-only:
+as 'fallback' (``pools/pg/sql/schema.sql``) and the Python pass asks :func:`blocker`. Read-only:
 the caller holds the locks of the entry's pools.
 
 Exactness of ``forbid``: the check reads the other instances of the job under the locks

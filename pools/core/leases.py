@@ -16,7 +16,7 @@ from django.utils import timezone
 from pools import conf
 from pools.core import events, locking
 from pools.models import EntryState, EventKind, PoolEvent, QueueEntry
-from pools.pg import fastpath
+from pools.pg import fastpath, functions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +45,7 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     worker = worker[:255]
     if fastpath.enabled():
         reply = fastpath.call(
-            "pools_start_v7",
+            functions.name("start"),
             [entry_id, token, worker, now, lease, fastpath.listening()],
             what="starting a claim",
         )
@@ -67,7 +67,7 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
             state=EntryState.RUNNING,
             started_at=now,
             worker=worker,
-            lease_expires_at=Case(  # kept when 2/3 of it are left: see pools_start_v7
+            lease_expires_at=Case(  # kept when 2/3 of it are left: as the start function
                 When(
                     lease_expires_at__gte=now + timedelta(seconds=lease * 2 / 3),
                     then=F("lease_expires_at"),

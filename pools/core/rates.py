@@ -51,7 +51,7 @@ opening more than ``WAKE_HORIZON`` (5 minutes) ahead are left to the sweep.
 **Changing a pool's rates** (settings sync, admin, REST) deletes its marks: the new
 rates start from empty windows (up to ``N`` admissions at once right after the change).
 
-**PostgreSQL fast path.** ``pools_admit_v7`` (``pools/pg/sql/admission_v7.sql``) applies
+**PostgreSQL fast path.** The admit function (``pools/pg/sql/schema.sql``) applies
 the same rule to the single-pool heads it admits, with the same rings and the same
 clock (read once per call, after the pool locks); heads it hands to the Python pass
 (multi-pool entries, policies) are checked by :mod:`pools.core.windows`.

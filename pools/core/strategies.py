@@ -28,7 +28,7 @@ waiting, held and finished entries (``pools_demand_fair_key``: one index probe),
 ``pool.fair_round`` is the highest round admitted so far. Within a round, entries go by
 ``enqueued_at``; so every key gets one admission per round, FIFO within a key.
 
-The fast path (``pools_enqueue_v7``) computes the same columns in SQL; a delayed entry in
+The fast path (the enqueue function) computes the same columns in SQL; a delayed entry in
 a ``fair`` pool gets its round when it becomes due, on the Python path.
 """
 
@@ -44,7 +44,7 @@ _MICRO = timedelta(microseconds=1)
 
 
 def micros(when: datetime) -> int:
-    """Microseconds since the Unix epoch (what ``pools_enqueue_v7`` computes for ``lifo``)."""
+    """Microseconds since the Unix epoch (what the enqueue function computes for ``lifo``)."""
     return (when - EPOCH) // _MICRO
 
 

@@ -1,8 +1,8 @@
 """The PostgreSQL fast path: when it applies, how its stored functions are called, and
 the one place their rows are decoded.
 
-Enqueue, settle+admit and start each run as one call of a function created by migration
-0018 (``pools/pg/sql/admission_v7.sql``): one round trip, so a pool's row lock is held for
+Enqueue, settle+admit and start each run as one call of a stored function
+(``pools/pg/sql/schema.sql``, named by :mod:`pools.pg.functions`): one round trip, so a pool's row lock is held for
 the time the database needs, not for a dozen client round trips. The functions implement
 the contract of ``docs/concepts/contract.md`` like :mod:`pools.core.admission` does, and hand
 anything unusual (multi-pool heads, deadlines, due multi-pool entries) back to it. They
@@ -62,9 +62,9 @@ def listening() -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Row:
-    """One row of a v7 function (``pools_out_v7``): each column has one meaning.
+    """One row of a stored function (the ``out`` function): each column has one meaning.
 
-    ``kind`` says which columns are set (see the comment above ``pools_out_v7``).
+    ``kind`` says which columns are set (see the comment above it in ``schema.sql``).
     """
 
     #: refused, enqueued, settled, started, admitted, fallback, wake or event.

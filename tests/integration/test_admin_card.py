@@ -107,7 +107,7 @@ def test_card__draining_pool_shows_the_capacity_it_drains_to(
     badge = re.search(r'<span class="pools-badge pools-badge-draining"[^>]*>([^<]+)</span>', wh)
     assert badge is not None and badge.group(1) == "draining to 1"
     assert 'data-pools-draining="1"' in wh
-    assert "2 of 2 slots held, 0 free, draining to 1 slot\"" in wh
+    assert '2 of 2 slots held, 0 free, draining to 1 slot"' in wh
     # A pool that is not draining has no badge.
     assert "pools-badge-draining" not in card_row(html, "api")
     # Back to the capacity in effect: the drain ends and the badge goes.

@@ -19,7 +19,7 @@ from django.db import connection
 from pools.core import admission, dispatch
 from pools.core.records import Admission
 from pools.models import EntryState, Pool, QueueEntry
-from pools.pg import fastpath
+from pools.pg import fastpath, functions
 from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
@@ -131,11 +131,12 @@ def test_schema_behind__a_missing_stored_function_is_unavailable_naming_migrate(
     ProgrammingError (on Django's connection and on pools' own)."""
     from pools.exceptions import PoolUnavailable
 
+    next_release = f"pools_enqueue_v{functions.VERSION + 1}"  # not created here
     for own_connection in (False, True):
         fastpath.use_own_connection(own_connection)
         try:
             with pytest.raises(PoolUnavailable, match=r"run 'manage\.py migrate'"):
-                fastpath.call("pools_enqueue_v999", [], what="pools p")
+                fastpath.call(next_release, [], what="pools p")
         finally:
             fastpath.use_own_connection(False)
 
@@ -145,3 +146,32 @@ def test_schema_check__a_migrated_database_has_nothing_pending() -> None:
 
     assert checks.pending_migrations() == []
     assert checks.check_schema(databases=["default"]) == []
+
+
+def test_schema_check__part_of_the_squashed_migrations_applied_is_named() -> None:
+    """A database that applied only some of the migrations 0.1.0 squashed: ``migrate``
+    would see nothing to do, so the check (also run by ``migrate``) says what to run."""
+    from django.db import connection
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from pools import checks
+
+    recorder = MigrationRecorder(connection)
+    recorded = sorted(name for app, name in recorder.applied_migrations() if app == "pools")
+    assert "0001_release_0_1_0" in recorded and "0018_fastpath_rates" in recorded, recorded
+    try:  # the rows of a database that stopped after the old chain's 0002
+        for name in recorded:
+            recorder.record_unapplied("pools", name)
+        recorder.record_applied("pools", "0001_initial")
+        recorder.record_applied("pools", "0002_sql_fast_path")
+        unfinished = checks.unfinished_squash()
+        messages = checks.check_schema(databases=["default"])
+    finally:  # django_migrations outlives the test (transaction=True): put it back
+        recorder.record_unapplied("pools", "0001_initial")
+        recorder.record_unapplied("pools", "0002_sql_fast_path")
+        for name in recorded:
+            recorder.record_applied("pools", name)
+    assert len(unfinished) == 16 and unfinished[0] == "0003_slimmer_indexes", unfinished
+    assert [m.id for m in messages] == ["pools.W051"], messages
+    assert "0003_slimmer_indexes" in messages[0].msg and "bf7d954" in str(messages[0].hint)
+    assert checks.unfinished_squash() == [] and checks.check_schema(databases=["default"]) == []

@@ -9,7 +9,7 @@ nothing finishing for 20 s: a lost wake-up).
 
 Both admission paths are proven: on PostgreSQL the run and its sabotage self-test run
 once on the stored functions (``SQL_FAST_PATH=True``; the sabotage installs a copy of
-``pools_admit_v7`` that ignores held slots) and once on the ORM path (the sabotage makes
+the admit function that ignores held slots) and once on the ORM path (the sabotage makes
 the Python pass ignore held slots); SQLite has the ORM path only.
 
 Size: ``POOLS_CONTENTION_ENTRIES`` (default 2,000 on both databases); bound:
@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from pools.core import admission, events
 from pools.models import Demand, EntryState, Pool, PoolEvent, QueueEntry
+from pools.pg import functions
 from tests import contention
 from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS, _admission_paths
@@ -103,7 +104,7 @@ def test_contention__checker_catches_a_broken_admission(path: str) -> None:
         from django.db import connection
 
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_get_functiondef('pools_admit_v7'::regproc)")
+            cursor.execute("SELECT pg_get_functiondef(%s::regproc)", [functions.name("admit")])
             assert "SABOTAGED" not in cursor.fetchone()[0]
     assert any(result.max_held[p] > slots for p, slots in CAPACITY.items()), result.max_held
 

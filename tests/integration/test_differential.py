@@ -14,7 +14,7 @@ once through the
 PostgreSQL stored functions (``SQL_FAST_PATH=True``) and once through the ORM path, on
 the same test database emptied in between. The clock is fake (``timezone.now``, and the
 database clock of the rate windows: ``pools.core.rates.db_now`` on the ORM path, the
-``pools.clock`` setting that ``pools_admit_v7`` reads instead of ``clock_timestamp()`` on
+``pools.clock`` setting that the admit function reads instead of ``clock_timestamp()`` on
 the fast path), so both runs see the same times.
 
 After every step both runs must agree on: the exception class raised (or none), the

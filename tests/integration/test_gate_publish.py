@@ -217,3 +217,22 @@ def test_fairness_key__from_the_decorator_callable_or_pool_options() -> None:
     assert QueueEntry.objects.count() == 4
     with pytest.raises(PoolConfigurationError, match="fairness_key"):
         per_tenant.apply_async((1,), pool_options={"fairness_key": ["not", "a", "str"]})  # type: ignore[call-arg]
+
+
+def test_purge__discards_waiting_calls_as_it_discards_queued_messages(broker: Broker) -> None:
+    """``app.control.purge()`` empties the broker: a pooled call still waiting goes too."""
+    from tests.celery_app import app
+
+    make_pool("warehouse", 1)
+    running = add.delay(1, 2)  # admitted: its message is on the broker, purge takes it
+    waiting = [add.delay(i, i) for i in range(3)]
+    elsewhere = add.apply_async((9, 9), queue="not-consumed")  # routed to a queue not purged
+    purged = app.control.purge()
+    assert purged == 1 + 3, "the broker's message and the three waiting calls"
+    states = dict(QueueEntry.objects.values_list("key", "state"))
+    assert all(states[r.id] == EntryState.CANCELLED for r in waiting)
+    assert states[elsewhere.id] == EntryState.WAITING
+    assert states[running.id] == EntryState.ADMITTED  # its slot returns when its lease ends
+    assert QueueEntry.objects.get(key=waiting[0].id).reason == "purged"
+    assert waiting[0].state == "REVOKED"
+    assert app.control.purge() == 0

@@ -6,7 +6,7 @@
 * The admission query count is pinned, and does not grow with the length of the line.
 
 Enqueue and settle run two ways on PostgreSQL: one call of a stored function
-(``pools_enqueue_v7``, ``pools_settle_v7``: the default fast path) and the portable ORM
+(enqueue and settle of ``pools/pg/sql/schema.sql``: the default fast path) and the portable ORM
 path (``SQL_FAST_PATH=False``); the tests run on both (``admission_path``).
 """
 
@@ -42,7 +42,7 @@ pytestmark = [
 ]
 
 #: Queries of one enqueue that is admitted at once (BEGIN and COMMIT included), per path.
-# The ORM path's counts went down with the lean hot path (migration 0007): no event rows
+# The ORM path's counts went down with the lean hot path: no event rows
 # for enqueued/admitted/started/settled (-1 INSERT each) and the held slots read from the
 # locked pool row instead of a SUM over the demand rows (-1 SELECT), for one UPDATE of the
 # pool's held counter per change of its holders (+1).
@@ -442,8 +442,8 @@ def _plan_without_seqscan(queryset: Any) -> str:
 
 
 def test_partial_indexes__serve_the_queries_that_use_them(recorder: RecordingBridge) -> None:
-    """Each partial index's condition is implied by the queries it is for (migrations 0003,
-    0008).
+    """Each partial index's condition (``QueueEntry.Meta.indexes``) is implied by the
+    queries it is for.
 
     The conditions keep index entries (and WAL) out of most row versions: a waiting entry
     has no lease, a running one no finish time. A query whose filter did not imply the

@@ -18,7 +18,7 @@ from pools import signals
 from pools.core import admission, leases
 from pools.exceptions import PoolUnavailable
 from pools.models import EntryState, Pool, PoolEvent, QueueEntry
-from pools.pg import fastpath
+from pools.pg import fastpath, functions
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool, submit
 
@@ -65,7 +65,7 @@ def test_own_connection__start_and_settle_leave_djangos_connection_closed(record
     assert Pool.objects.get(name="p").held == 1
     # The calls ran as server-side prepared statements on the own connection.
     prepared = " ".join(_own_prepared())
-    assert "pools_start_v7" in prepared and "pools_settle_v7" in prepared
+    assert functions.name("start") in prepared and functions.name("settle") in prepared
 
 
 def test_own_connection__inside_djangos_transaction_the_call_joins_it(recorder, own):
@@ -189,7 +189,7 @@ def test_own_connection__prepared_statements_off_leaves_no_session_state(
     prepared_now = " ".join(_own_prepared())
     timeout = _session_statement_timeout()
     if prepared:
-        assert "pools_start_v7" in prepared_now and "pools_settle_v7" in prepared_now
+        assert functions.name("start") in prepared_now and functions.name("settle") in prepared_now
         assert timeout == "5s"
     else:
         assert prepared_now == ""

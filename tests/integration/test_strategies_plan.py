@@ -1,7 +1,7 @@
 """Strategy ``fair`` costs what ``priority`` costs: index probes, whatever the line length.
 
 PostgreSQL plans of the two queries a fair pool adds (the head of the line, a key's last
-round: also the subquery of ``pools_enqueue_v7``), and the number of queries of an enqueue
+round: also the subquery of the enqueue function), and the number of queries of an enqueue
 and of a settle+admit with 10 and with 3,000 entries waiting across 100 keys, on both
 paths. The plans are quoted in ``docs/concepts/fairness.md``.
 """
@@ -83,7 +83,7 @@ def test_fair__head_and_key_round_are_index_probes(recorder: RecordingBridge) ->
     )
     plan = str(probe.explain())
     assert "pools_demand_fair_key" in plan and "Sort" not in plan, plan
-    # The subquery of pools_enqueue_v7, as the function runs it.
+    # The subquery of the enqueue function, as the function runs it.
     with connection.cursor() as cur:
         cur.execute(
             "EXPLAIN SELECT k.line_round FROM pools_demand k "

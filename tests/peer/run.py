@@ -120,6 +120,9 @@ SUBSET = {
         "test_apply_nested_parent_child_relationship",
         "test_asyncresult_get_cancels_subscription",
         "test_concurrent_apply_async_with_timeout",
+        # app.control.purge() between canvases (the fixture's wait_until_idle): pooled
+        # calls still waiting survived it and ran, so the test outran its 20 s budget
+        "test_revoked_by_headers_complex_canvas",
     ],
 }
 

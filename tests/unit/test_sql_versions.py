@@ -1,63 +1,115 @@
-"""A shipped stored-function file never changes: a change is a new version and a migration.
+"""Shipped SQL never changes, and the code calls the functions of one version.
 
-Each ``pools/pg/sql/admission_vN.sql`` is created by a migration that other databases have
-already applied; editing it would make fresh installs and upgraded ones run different
-functions under the same name. So the files are pinned here by checksum. To change the
-functions, add ``admission_v(N+1).sql`` and a migration that creates it (vN stays until the
-next release drops it: expand/contract, see docs/howto/upgrading.md),
-switch the callers (:mod:`pools.pg.fastpath` users) to it, and pin the new file below.
+The initial migration runs one file of ``pools/pg/sql/`` (``BASELINE`` in it; today
+``schema.sql``, which 0.1.0 ships), and each later change is a delta file
+(``pools/pg/sql/deltas/<release>_<topic>.sql``) run by a migration. Databases have already
+run those files, so editing one would make fresh installs and upgraded ones run different
+functions under one name: each is pinned here by sha256. How to change the SQL:
+docs/howto/sql-changes.md.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
 from pathlib import Path
 
+import pytest
+
 import pools
+from pools.pg import functions, sqlfile
 
-SQL_DIR = Path(pools.__file__).resolve().parent / "pg" / "sql"
-MIGRATIONS = Path(pools.__file__).resolve().parent / "migrations"
+PACKAGE = Path(pools.__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
+SQL_DIR = sqlfile.SQL_DIR
+INITIAL = "0001_release_0_1_0"
 
-#: sha256 of every shipped version file.
+#: sha256 of the file the initial migration runs, and of every shipped delta (by path
+#: under pools/pg/sql/).
 PINNED = {
-    "admission_v1.sql": "9e090804ced08415eb6aacb0906521bdd64efe1aeaf59cdd590cfaf910d344dc",
-    "admission_v2.sql": "d9f94e58508d763f2d1d995e4b4716332f7fbef6381a2e8e4661ea3ca90e5f3b",
-    "admission_v3.sql": "eaf24b6e10beb08cd00132d6345209985967b1dd65ae7debf50127926a5d03e5",
-    "admission_v4.sql": "8852b6cf704cf4dea38c5fbf8d1b2c5bad24d9ee3db954b0c2268dc40185608c",
-    "admission_v5.sql": "01838546b02fde592f3e91e8cb68fbbd8079ebd3bd4a0aa23b9cc09958e87c11",
-    "admission_v6.sql": "759075168175575d2ce32f8ed54dc59d0eefe89ccd04dcb9600bbc73fe2b50e0",
-    "admission_v7.sql": "edae5786cd7810bdd7a57f446eed6cd5540452629849715d7a88e289aa9097ac",
+    "schema.sql": "559ed9dc40c5f9f58983e54906bf670e662b70c926bfc7e2bef590b37227955d",
 }
+
+FREEZE = (
+    "{name} is the file the initial migration runs (0.1.0 shipped it): it never changes. "
+    "To change the SQL, first freeze it: `git show <last release tag>:pools/pg/sql/{name} "
+    "> pools/pg/sql/baseline-0.1.0.sql`, set BASELINE = 'baseline-0.1.0.sql' in "
+    "pools/migrations/{initial}.py and move this pin to that file; then edit schema.sql and "
+    "write the same change as deltas/<next version>_<topic>.sql with a one-line migration "
+    "(docs/howto/sql-changes.md)."
+)
 
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_sql_versions__shipped_files_are_unchanged() -> None:
-    changed = {
-        name: _digest(SQL_DIR / name) for name in PINNED if _digest(SQL_DIR / name) != PINNED[name]
-    }
+def baseline() -> str:
+    """The file (under pools/pg/sql/) the initial migration runs."""
+    return str(importlib.import_module(f"pools.migrations.{INITIAL}").BASELINE)
+
+
+def test_sql_versions__the_baseline_is_unchanged() -> None:
+    name = baseline()
+    assert name in PINNED, f"pin the sha256 of {name}, the file the initial migration runs"
+    assert _digest(SQL_DIR / name) == PINNED[name], FREEZE.format(name=name, initial=INITIAL)
+
+
+def test_sql_versions__shipped_deltas_are_unchanged_and_pinned() -> None:
+    files = sqlfile.deltas()
+    changed = [d for d in files if d in PINNED and _digest(SQL_DIR / d) != PINNED[d]]
     assert not changed, (
-        f"shipped SQL files changed: {sorted(changed)}. Never edit a released "
-        "admission_vN.sql: put the change in a new version file with a new migration."
+        f"shipped deltas changed: {changed}. A shipped delta never changes: write the fix "
+        "as a new delta (deltas/README.md)."
     )
+    unpinned = [d for d in files if d not in PINNED]
+    assert not unpinned, f"pin the sha256 of {unpinned} in PINNED"
+    gone = sorted(set(PINNED) - {baseline(), *files})
+    assert not gone, f"pinned SQL files are gone: {gone} (a shipped file is never deleted)"
 
 
-def test_sql_versions__every_version_file_is_pinned() -> None:
-    files = {p.name for p in SQL_DIR.glob("admission_v*.sql")}
-    assert files == set(PINNED), f"pin the checksum of {sorted(files - set(PINNED))}"
+def test_sql_versions__deltas_are_named_by_release_and_each_is_run_by_a_migration() -> None:
+    migrations = [m.read_text() for m in (PACKAGE / "migrations").glob("0*.py")]
+    for delta in sqlfile.deltas():
+        assert re.fullmatch(r"deltas/\d+\.\d+\.\d+_[a-z0-9_]+\.sql", delta), delta
+        runners = [m for m in migrations if f'sqlfile.run("{delta}"' in m]
+        assert len(runners) == 1, f"{delta} must be run by exactly one migration"
 
 
-def test_sql_versions__the_callers_use_the_latest_version_and_a_migration_creates_it() -> None:
-    latest = max(int(re.search(r"v(\d+)", name).group(1)) for name in PINNED)  # type: ignore[union-attr]
-    package = Path(pools.__file__).resolve().parent
-    called = set()
-    for module in ("core/admission.py", "core/leases.py", "pg/fastpath.py"):
-        called |= set(re.findall(r"pools_[a-z]+_v(\d+)", (package / module).read_text()))
-    assert called == {str(latest)}, f"callers use versions {sorted(called)}, latest is v{latest}"
-    # A version file may carry a suffix naming its change (e.g. admission_v8_rates.sql).
-    created = re.compile(rf"admission_v{latest}(_[a-z]+)?\.sql")
-    creators = [m.name for m in MIGRATIONS.glob("0*.py") if created.search(m.read_text())]
-    assert creators, f"no migration creates admission_v{latest}.sql"
+def test_sql_versions__schema_creates_every_function_with_the_version_suffix() -> None:
+    created = sqlfile.created_functions(sqlfile.read("schema.sql"))
+    assert sorted(created) == sorted(functions.name(b) for b in functions.BASES), created
+
+
+def test_sql_versions__deltas_create_functions_of_a_version_up_to_the_current_one() -> None:
+    last: list[str] = []
+    for delta in sqlfile.deltas():
+        created = sqlfile.created_functions(sqlfile.read(delta))
+        for fn in created:
+            found = re.fullmatch(r"pools_([a-z]+)_v(\d+)", fn)
+            assert found and found.group(1) in functions.BASES, f"{delta}: {fn}"
+            assert int(found.group(2)) <= functions.VERSION, f"{delta}: {fn} after VERSION"
+        last = created or last
+    # The newest delta that creates functions creates those the code calls.
+    assert all(fn.endswith(f"_v{functions.VERSION}") for fn in last), last
+
+
+def test_sql_versions__python_names_the_functions_through_the_constant() -> None:
+    """No Python file but pools/pg/functions.py spells a versioned function name."""
+    literal = re.compile(r"pools_[a-z]+_v\d+")
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{n}"
+        for root in (PACKAGE, PACKAGE.parent / "pools_admin", TESTS)
+        for path in root.rglob("*.py")
+        if path != PACKAGE / "pg" / "functions.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if literal.search(line)
+    ]
+    assert not found, f"use pools.pg.functions.name(...) instead of a literal name: {found}"
+
+
+def test_sql_versions__name_is_the_version_suffix() -> None:
+    assert functions.name("admit") == f"pools_admit_v{functions.VERSION}"
+    with pytest.raises(ValueError, match="no stored function"):
+        functions.name("admitt")

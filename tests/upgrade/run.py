@@ -11,8 +11,10 @@ What a rolling deploy does, on real PostgreSQL (or MariaDB/MySQL: 127.0.0.1:3306
    (MariaDB: ``mdb_upgrade``) migrated by that release.
 2. That release's worker (``-c 4``) and its web process submitting pooled calls at a steady
    pace (``tests/upgrade/submit.py``, run with that tree first on ``PYTHONPATH``).
-3. While they run: this tree's ``check --database default`` (it must name ``migrate``),
-   then this tree's ``migrate`` (timed).
+3. While they run: the migrations this tree would apply (``migrate --plan``; none when
+   the previous release's migrations are all replaced by this tree's), this tree's
+   ``check --database default`` (it must name ``migrate`` when there are some), then this
+   tree's ``migrate`` (timed); afterwards ``showmigrations`` must list nothing unapplied.
 4. This tree's worker with beat embedded; then the old worker gets SIGTERM (warm shutdown,
    what a deploy sends) and exits.
 5. This tree's web process submits calls too; both web processes finish.
@@ -21,8 +23,7 @@ What a rolling deploy does, on real PostgreSQL (or MariaDB/MySQL: 127.0.0.1:3306
 Figures: calls refused at submit, calls that ended FAILURE, calls still PENDING, bodies
 run more than once (counted in both workers' logs), the longest gap between two body
 starts (calls were waiting all along), and how long ``migrate`` took. The targets: 0, 0,
-0, 0, a gap shorter than the lease, and a check that names ``migrate`` when this tree has
-migrations the database lacks. Exit status 1 when a target is missed.
+0, 0, and a gap shorter than the lease. Exit status 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ from celery import Celery
 from pools.celery import processes
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The previous release: the last commit before the stored functions' version 7 (nothing
-#: is tagged yet; this becomes the last release tag once there is one).
-PREVIOUS = "4e70a157d74d5d2229ec41ffcddaba1b8204642d"
+#: The previous release: the last commit before the migrations were squashed into the
+#: 0.1.0 initial migration (its 18 migrations and stored functions version 7). Nothing is
+#: tagged yet; this becomes the last release tag (v0.1.0) once there is one.
+PREVIOUS = "bf7d954c7e295b5c1b3b67942b622799398dc9a8"
 DATABASE = "pools_upgrade"
 #: The database of a run on MariaDB/MySQL (``--database mysql``).
 MYSQL_DATABASE = "mdb_upgrade"
@@ -83,25 +85,34 @@ class Figures:
     never_ran: list[str] = field(default_factory=list)
     longest_gap_seconds: float = 0.0
     migrate_seconds: float = 0.0
+    #: Migrations this tree's ``migrate`` applied (``migrate --plan`` before it).
+    planned: list[str] = field(default_factory=list)
     check_before_migrate: str = ""
-    #: This tree's ``pools`` migrations the database had not applied before ``migrate``.
-    unapplied_before_migrate: list[str] = field(default_factory=list)
+    #: ``showmigrations`` lines still unapplied after ``migrate`` (every app).
+    unapplied_after: list[str] = field(default_factory=list)
     old_worker_exit: int | None = None
 
     def missed(self) -> list[str]:
         """The targets this run missed (empty: all met)."""
         misses = []
-        for name in ("refused", "failed", "pending", "ran_twice", "never_ran"):
+        for name in ("refused", "failed", "pending", "ran_twice", "never_ran", "unapplied_after"):
             value = getattr(self, name)
             if value:
                 shown = list(value.items() if isinstance(value, dict) else value)
                 misses.append(f"{name}: {len(value)}, e.g. {shown[:2]}")
         if self.longest_gap_seconds >= LEASE_SECONDS:
             misses.append(f"a stall of {self.longest_gap_seconds:.1f} s (lease {LEASE_SECONDS} s)")
-        named = "manage.py migrate" in self.check_before_migrate
-        if self.unapplied_before_migrate and not named:
+        if self.planned and "manage.py migrate" not in self.check_before_migrate:
             misses.append("check --database default did not name migrate before migrating")
         return misses
+
+
+def in_history(ref: str) -> bool:
+    """True when ``ref`` names a commit of this checkout's history."""
+    found = subprocess.run(
+        ["git", "cat-file", "-e", f"{ref}^{{commit}}"], cwd=ROOT, check=False, capture_output=True
+    )
+    return found.returncode == 0
 
 
 def export_tree(ref: str, into: Path) -> str:
@@ -158,29 +169,38 @@ def fresh_database(database: str = "postgres") -> None:
         conn.execute(f"CREATE DATABASE {DATABASE}")
 
 
-def env_for(tree: Path, database: str = "postgres") -> dict[str, str]:
-    """The environment of every process of ``tree``'s release."""
+def env_for(tree: Path, **overrides: str) -> dict[str, str]:
+    """The environment of every process of ``tree``'s release (``overrides`` last: another
+    database for the schema tests)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     env.update(
         DJANGO_SETTINGS_MODULE="tests.settings",
         PYTHONPATH=str(tree),
-        POOLS_TEST_DB=database,
+        POOLS_TEST_DB="postgres",
         POOLS_PG_NAME=DATABASE,
-        POOLS_MYSQL_NAME=MYSQL_DATABASE,
         CELERY_BROKER_URL=BROKER,
         CELERY_RESULT_BACKEND=BACKEND,
         POOLS_LEASE_SECONDS=str(LEASE_SECONDS),
         POOLS_SWEEP_SECONDS=str(SWEEP_SECONDS),
     )
+    env.update(overrides)
     return env
 
 
-def manage(tree: Path, *args: str, database: str = "postgres") -> str:
-    """``django-admin <args>`` with ``tree``'s code; its output (raises on failure)."""
+def on_database(database: str) -> dict[str, str]:
+    """:func:`env_for` overrides of a run on ``database`` (``postgres``: none)."""
+    if database == "mysql":
+        return {"POOLS_TEST_DB": "mysql", "POOLS_MYSQL_NAME": MYSQL_DATABASE}
+    return {}
+
+
+def manage(tree: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """``django-admin <args>`` with ``tree``'s code (in ``env``, default
+    :func:`env_for`); its output (raises on failure but for ``check``)."""
     done = subprocess.run(
         [sys.executable, "-m", "django", *args],
         cwd=tree,
-        env=env_for(tree, database),
+        env=env or env_for(tree),
         capture_output=True,
         text=True,
         timeout=300,
@@ -191,7 +211,7 @@ def manage(tree: Path, *args: str, database: str = "postgres") -> str:
 
 
 def web(
-    tree: Path, out: Path, count: int, tag: str, logs: Path, database: str
+    tree: Path, out: Path, count: int, tag: str, logs: Path, env: dict[str, str]
 ) -> processes.Process:
     argv = [
         sys.executable,
@@ -203,22 +223,20 @@ def web(
         tag,
     ]
     return processes.start_process(
-        argv,
-        log=logs / f"web-{tag}.log",
-        name=f"web-{tag}",
-        env=env_for(tree, database),
-        cwd=tree,
+        argv, log=logs / f"web-{tag}.log", name=f"web-{tag}", env=env, cwd=tree
     )
 
 
-def worker(tree: Path, node: str, logs: Path, *, beat: bool, database: str) -> processes.Process:
+def worker(
+    tree: Path, node: str, logs: Path, *, beat: bool, env: dict[str, str]
+) -> processes.Process:
     return processes.start_worker(
         "tests",
         node=node,
         log=logs / f"{node}.log",
         concurrency=4,
         beat=beat,
-        env=env_for(tree, database),
+        env=env,
         cwd=tree,
     )
 
@@ -252,30 +270,31 @@ def run(
     old = workdir / "previous"
     logs = workdir / "logs"
     figures = Figures(previous=export_tree(previous, old), database=database)
+    old_env, new_env = (env_for(tree, **on_database(database)) for tree in (old, new))
     fresh_database(database)
     _flush()
     # Celery reads these variables before its own configuration (a test run sets them).
     os.environ.update(CELERY_BROKER_URL=BROKER, CELERY_RESULT_BACKEND=BACKEND)
     app = Celery("upgrade", broker=BROKER, backend=BACKEND)
-    manage(old, "migrate", "--noinput", database=database)
+    manage(old, "migrate", "--noinput", env=old_env)
     started: list[processes.Process] = []
     out = workdir / "calls.jsonl"
     try:
-        old_worker = worker(old, "old", logs, beat=False, database=database)
+        old_worker = worker(old, "old", logs, beat=False, env=old_env)
         started.append(old_worker)
         _ready(old_worker, app)
-        old_web = web(old, out, calls, "old", logs, database)
+        old_web = web(old, out, calls, "old", logs, old_env)
         started.append(old_web)
         time.sleep(2.0)  # calls in flight on the old release
-        plan = manage(new, "showmigrations", "pools", "--plan", database=database)
-        figures.unapplied_before_migrate = re.findall(r"\[ \]\s+pools\.(\S+)", plan)
-        figures.check_before_migrate = manage(
-            new, "check", "--database", "default", database=database
-        )
+        plan = manage(new, "migrate", "--plan", env=new_env)
+        figures.planned = re.findall(r"^(\w+\.\w+)$", plan, flags=re.M)
+        figures.check_before_migrate = manage(new, "check", "--database", "default", env=new_env)
         began = time.monotonic()
-        manage(new, "migrate", "--noinput", database=database)
+        manage(new, "migrate", "--noinput", env=new_env)
         figures.migrate_seconds = round(time.monotonic() - began, 2)
-        new_worker = worker(new, "new", logs, beat=True, database=database)
+        shown = manage(new, "showmigrations", env=new_env)
+        figures.unapplied_after = [line.strip() for line in shown.splitlines() if "[ ]" in line]
+        new_worker = worker(new, "new", logs, beat=True, env=new_env)
         started.append(new_worker)
         _ready(new_worker, app)
         old_worker.proc.terminate()  # a deploy's SIGTERM: warm shutdown
@@ -283,7 +302,7 @@ def run(
             figures.old_worker_exit = old_worker.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             figures.old_worker_exit = None
-        new_web = web(new, out, calls // 2, "new", logs, database)
+        new_web = web(new, out, calls // 2, "new", logs, new_env)
         started.append(new_web)
         for process in (old_web, new_web):
             process.proc.wait(timeout=120 + calls * INTERVAL)

@@ -1,7 +1,7 @@
 """A rolling deploy from the previous release to this tree loses nothing and runs nothing
 twice (``tests/upgrade/run.py`` has the steps and the figures), and its sabotage twin: a
-tree whose migration drops the previous release's stored functions in the step that
-creates the new ones fails the same check.
+tree whose next release drops the previous release's stored functions in the migration
+that creates the new ones (a contract in the same step) fails the same check.
 
 Real PostgreSQL, Redis and prefork workers of both releases; the previous release's code
 comes from this checkout's git history. The same deploy on MariaDB/MySQL (the ORM path,
@@ -11,18 +11,19 @@ database ``mdb_upgrade``), whatever database the session's own tests use.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI
+from pools.pg import functions, sqlfile
+from tests.conftest import IN_CI, require_previous_release
 from tests.upgrade import run
 
 pytestmark = [pytest.mark.redis, pytest.mark.upgrade]
 
-MIGRATION = Path("pools") / "migrations" / "0018_fastpath_rates.py"
-EXPAND_ONLY = "operations = [migrations.RunPython(_create(7), _drop_version(7))]"
+#: The sabotage's delta and its migration (paths in the copied tree).
+DELTA = Path("pools") / "pg" / "sql" / "deltas" / "0.1.1_contract_now.sql"
+MIGRATION = Path("pools") / "migrations" / "0002_contract_now.py"
 
 
 @pytest.fixture(autouse=True)
@@ -34,14 +35,7 @@ def _own_broker(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _history() -> None:
-    found = subprocess.run(
-        ["git", "cat-file", "-e", f"{run.PREVIOUS}^{{commit}}"], cwd=run.ROOT, check=False
-    )
-    if found.returncode != 0:
-        message = f"the previous release {run.PREVIOUS} is not in this checkout's git history"
-        if IN_CI:
-            pytest.fail(message + " (CI=true: the upgrade test must run)")
-        pytest.skip(message)
+    require_previous_release()
 
 
 @pytest.fixture
@@ -74,19 +68,31 @@ def test_rolling_upgrade__on_mariadb_calls_in_flight_run_once_and_nothing_is_ref
 
 @pytest.mark.postgres
 def test_rolling_upgrade__self_test_a_contract_in_the_same_step_is_caught(tmp_path: Path) -> None:
-    """The check can fail: dropping version 6 where version 7 is created (what the release
-    did before expand/contract) refuses the old release's calls and stalls its settles."""
+    """The check can fail: a next release whose delta creates version VERSION + 1 and drops
+    version VERSION in the same migration (no expand/contract) refuses the old release's
+    calls and stalls its settles."""
     tree = _copy(tmp_path)
-    migration = tree / MIGRATION
-    text = migration.read_text()
-    assert EXPAND_ONLY in text
-    contract_now = (
-        "operations = [migrations.RunPython(_create(7)), migrations.RunPython(_drop_version(6))]"
+    old, new = f"_v{functions.VERSION}", f"_v{functions.VERSION + 1}"
+    schema = sqlfile.read("schema.sql")
+    dropped = sqlfile.drop_all(sqlfile.created_functions(schema))
+    (tree / DELTA).write_text(schema.replace(old, new) + dropped)
+    (tree / MIGRATION).write_text(
+        "from django.db import migrations\n\nfrom pools.pg import sqlfile\n\n\n"
+        "class Migration(migrations.Migration):\n"
+        '    dependencies = [("pools", "0001_release_0_1_0")]\n'
+        f'    operations = [sqlfile.run("deltas/{DELTA.name}")]\n'
     )
-    migration.write_text(text.replace(EXPAND_ONLY, contract_now))
+    constant = tree / "pools" / "pg" / "functions.py"
+    text = constant.read_text()
+    assert f"VERSION = {functions.VERSION}\n" in text
+    constant.write_text(
+        text.replace(f"VERSION = {functions.VERSION}\n", f"VERSION = {functions.VERSION + 1}\n")
+    )
     figures = run.run(workdir=tmp_path / "run", new=tree)
+    assert figures.planned == ["pools.0002_contract_now"], figures.planned
     assert figures.refused, figures
-    assert any("pools_enqueue_v6" in line for line in figures.refused), figures.refused[:3]
+    enqueue = functions.name("enqueue")  # the previous release's: this tree's version
+    assert any(enqueue in line for line in figures.refused), figures.refused[:3]
 
 
 #: The sabotage of the MariaDB run: a column the new release fills, ``NOT NULL`` without a
@@ -119,7 +125,7 @@ def test_rolling_upgrade__on_mariadb_self_test_a_not_null_column_is_caught(
     leaf = sorted(m.stem for m in migrations.glob("[0-9][0-9][0-9][0-9]_*.py"))[-1]
     (migrations / "9999_not_null_tenant.py").write_text(NOT_NULL_MIGRATION.format(leaf=leaf))
     figures = run.run(workdir=tmp_path / "run", new=tree, database="mysql")
-    assert "9999_not_null_tenant" in figures.unapplied_before_migrate, figures
+    assert figures.planned == ["pools.9999_not_null_tenant"], figures.planned
     assert any("tenant" in line for line in figures.refused), figures.refused[:3]
     print(f"\nsabotaged deploy on MariaDB: {len(figures.refused)} of {figures.calls} calls refused")
 
