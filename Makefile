@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 $(STAMP): pyproject.toml | mysql-client
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test,lint,docs,release,demo,bench,browser,peer,mysql]"
+	$(BIN)/python -m pip install -q -e ".[test,lint,docs,release,demo,browser,peer,mysql]" \
+		--group bench
 	touch $(STAMP)
 
 install: $(STAMP)

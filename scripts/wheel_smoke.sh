@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's steps against a built wheel, in a fresh venv and a new Django project:
 # install with the redis and postgres extras, the README's settings, check, migrate,
-# `pools list`, then a real Celery worker runs pooled calls to the end.
+# `pools list`, `pools bench` (not in the wheel: it says so), then a real Celery worker
+# runs pooled calls to the end.
 #
 #   bash scripts/wheel_smoke.sh [dist/django_celery_pools-X.Y.Z-py3-none-any.whl]
 #
@@ -98,6 +99,14 @@ echo "== check, migrate, pools list"
 "$BIN/python" manage.py migrate -v 0
 "$BIN/python" manage.py pools list | tee pools-list.txt
 grep -q warehouse pools-list.txt && grep -q partner-api pools-list.txt
+
+echo "== pools bench: not in the wheel, and it says how to run it from a checkout"
+if "$BIN/python" manage.py pools bench > bench.txt 2>&1; then
+	cat bench.txt && echo "pools bench ran from the wheel" && exit 1
+fi
+cat bench.txt
+grep -q "runs from a checkout of the repository" bench.txt && grep -q "make install" bench.txt
+"$BIN/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('pools.bench') is not None)"
 
 echo "== a worker runs pooled calls"
 "$BIN/celery" -A proj worker -c 2 -l warning --without-heartbeat --without-gossip \

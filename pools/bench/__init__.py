@@ -5,9 +5,13 @@ The benchmark runs against the project's own database and Celery broker. It star
 (names start with ``bench-``), runs the workloads, prints a table, writes ``bench.json`` and PNG
 plots, and removes everything it created. See ``docs/benchmarks.md``.
 
+The benchmark runs from a checkout of the repository (``make install``): the wheel leaves
+this package out, and ``manage.py pools bench`` then says how to get it.
+
 Modules:
 
-* :mod:`pools.bench.tasks` — the task bodies the workers run (pooled and plain);
+* :mod:`pools.bench.tasks` — the tasks the workers run (pooled and plain);
+  :mod:`pools.bench.bodies` — the body they share with the recipe;
 * :mod:`pools.bench.recipe` — the common recipe: a Redis counting semaphore with a TTL taken in
   the task body, ``self.retry(countdown=0.05)`` when it is full;
 * :mod:`pools.bench.workers` — worker subprocesses, held queues, RSS;

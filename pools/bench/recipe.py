@@ -31,7 +31,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from pools.bench.tasks import span
+from pools.bench.bodies import span
 
 #: Retry countdown of the recipe when the semaphore is full (seconds).
 COUNTDOWN = 0.05

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from celery.utils import uuid
-from django.conf import settings
 from django.db import connection
 
 from pools import conf
@@ -28,6 +27,7 @@ from pools.bench.workers import (
     RECIPE_QUEUE,
     Fleet,
     error_lines,
+    settings_module,
 )
 
 
@@ -35,11 +35,6 @@ def default_app_path() -> str:
     """The package of the settings module (``example_project.settings`` -> ``example_project``)."""
     module = settings_module()
     return module.rsplit(".", 1)[0] if "." in module else module
-
-
-def settings_module() -> str:
-    """The settings module in use (``override_settings`` hides it: then the environment's)."""
-    return str(settings.SETTINGS_MODULE or os.environ.get("DJANGO_SETTINGS_MODULE") or "")
 
 
 def load_app(path: str) -> Any:

@@ -1,8 +1,9 @@
 """The task bodies the benchmark's workers run (``celery worker --include pools.bench.tasks``).
 
-Every body returns its own timestamps, so the benchmark counts and times from what the bodies
-saw, through the project's result backend, whatever the broker: ``{"i": index, "s": start,
-"e": end, "p": pid, "r": retries}`` (``time.time()``: one clock for every process here).
+Every body returns its own timestamps (:func:`pools.bench.bodies.span`), so the benchmark
+counts and times from what the bodies saw, through the project's result backend, whatever
+the broker. The recipe's task lives with its semaphore (:mod:`pools.bench.recipe`); this
+module imports it, so that ``--include`` registers it too.
 
 One pooled task per bench pool (the pool a task waits in is fixed by its decorator), named
 ``pools.bench.pooled.<pool>``; :data:`POOLED` maps the pool label to the task.
@@ -17,6 +18,8 @@ from typing import Any
 from celery import Task, current_task, shared_task
 
 from pools import current_claim, pooled
+from pools.bench import recipe  # noqa: F401  (``--include pools.bench.tasks`` registers it)
+from pools.bench.bodies import span
 
 #: Pool of W1 (throughput), W2 (hand-off), W3 (queue depth), W5 (recipe comparison), memory.
 W1_POOL = "bench-w1"
@@ -32,14 +35,6 @@ MULTI_AB = f"{MULTI_A}+{MULTI_B}"
 KILL_POOLS = [f"bench-kill-{n}" for n in range(5)]
 #: The ``rates`` workload: a pool with a rate (:mod:`pools.bench.rates`).
 RATE_POOL = "bench-rate"
-
-
-def span(i: int, sleep: float, retries: int = 0) -> dict[str, Any]:
-    """Run a body of ``sleep`` seconds (0: no-op) and return when and where it ran."""
-    start = time.time()
-    if sleep > 0:
-        time.sleep(sleep)
-    return {"i": i, "s": start, "e": time.time(), "p": os.getpid(), "r": retries}
 
 
 def hold_if_first(hold: float) -> None:
@@ -150,6 +145,3 @@ if os.environ.get(WAKEUPS_ENV):
     from celery import current_app
 
     route_wakeups(current_app, os.environ[WAKEUPS_ENV])
-
-# The recipe's task lives with its semaphore; imported here so ``--include`` registers it.
-from pools.bench import recipe  # noqa: E402,F401

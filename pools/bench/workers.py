@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from pools.celery import processes
 
 #: The queue pooled deliveries of the benchmark go to (always consumed by the main workers).
@@ -138,9 +140,13 @@ def _app_root(app_path: str) -> str:
     return str(path.parent.parent if path.name == "__init__.py" else path.parent)
 
 
+def settings_module() -> str:
+    """The settings module in use (``override_settings`` hides it: then the environment's)."""
+    return str(settings.SETTINGS_MODULE or os.environ.get("DJANGO_SETTINGS_MODULE") or "")
+
+
 def _worker_env() -> dict[str, str]:
     """This process's environment, with the settings module and import path it runs with."""
-    from pools.bench.runner import settings_module
     from pools.bench.tasks import WAKEUPS_ENV
 
     env = dict(os.environ)

@@ -10,6 +10,14 @@ Once a pool process accepts the message, that process starts the claim and its o
 lease keeper (:mod:`pools.celery.keeper`) renews it; a lost worker stops both renewals
 and the lease lapses as before.
 
+A body stuck in a C call that holds the GIL runs no Python, so its keeper renews nothing.
+When the task has a hard time limit, billiard (in this process) ends such a body at the
+limit; until then this thread also renews the claim of an accepted message whose pool
+process is alive, but only when the lease is near its end (a healthy keeper keeps more
+than that): the entry then fails at the limit instead of lapsing and running a second
+time beside the stuck body. The pool process's own fencing is unchanged: its watchdog
+still stops a body whose keeper could not confirm a renewal by the fence time.
+
 The main process also settles what only it sees, by task id (never through
 ``sender.request``, which Celery fills before ``task_failure`` only since 5.7):
 
@@ -60,6 +68,8 @@ class Received:
     request: Any
     #: When a pass first saw it finished (``time.monotonic()``), else None.
     finished_seen: float | None = None
+    #: True once this process renewed it while a pool process ran it (logged once).
+    kept: bool = False
 
 
 @dataclass(kw_only=True)
@@ -210,7 +220,8 @@ def _run() -> None:
 
 
 def renew_waiting() -> None:
-    """One pass: renew every received claim not yet accepted; forget the finished ones."""
+    """One pass: renew every received claim not yet accepted, and the running ones a hard
+    time limit will end whose lease is near its end; forget the finished ones."""
     from celery.worker import state
 
     active = set(state.active_requests)
@@ -221,6 +232,8 @@ def renew_waiting() -> None:
         if _accepted(r.request):
             if r.request in active:
                 r.finished_seen = None  # (accepted is set a moment before active)
+                if _until_hard_limit(r.request):
+                    _renew_if_ending(r)  # its pool process may be stuck in a C call
                 continue  # its pool process renews it
             # Finished. Celery marks it ready just before it sends task_failure: keep the
             # claim a while for that handler, then forget it (its pool process settled it).
@@ -237,6 +250,68 @@ def renew_waiting() -> None:
         if until is None:
             # Requeued, cancelled or settled elsewhere: the pool process will skip it.
             forget(r.task_id)
+
+
+def hard_time_limit(request: Any) -> float | None:
+    """The hard time limit (seconds) billiard enforces on an accepted request, else None.
+
+    billiard's job holds the limit it applies (the request's ``time_limit``, the task's,
+    or the worker's ``task_time_limit``/``--time-limit``); without it, the same order is
+    read from the request, the task and the app.
+    """
+    ref = getattr(request, "_apply_result", None)
+    job = ref() if callable(ref) else None
+    limits = getattr(request, "time_limits", None) or (None, None)
+    task = getattr(request, "task", None)
+    app = getattr(task, "app", None)
+    for limit in (
+        getattr(job, "_timeout", None),
+        limits[0],
+        getattr(task, "time_limit", None),
+        getattr(getattr(app, "conf", None), "task_time_limit", None),
+    ):
+        if isinstance(limit, int | float) and limit > 0:
+            return float(limit)
+    return None
+
+
+def _until_hard_limit(request: Any, now: float | None = None) -> bool:
+    """True while a hard time limit (+ the exit wait) is still ahead of a request that runs
+    in another process that is alive: the span billiard may need to end a stuck body."""
+    limit = hard_time_limit(request)
+    started = getattr(request, "time_start", None)  # wall clock, set at acceptance
+    pid = getattr(request, "worker_pid", None)
+    if limit is None or not started or not pid or pid == os.getpid():
+        return False  # a body in this process is renewed by this process's own keeper
+    now = time.time() if now is None else now
+    return now < started + limit + EXIT_WAIT_SECONDS and _alive(pid)
+
+
+def renew_within() -> float:
+    """How little of a lease is left when the main process renews a running claim.
+
+    A healthy keeper renews every heartbeat, so at least ``LEASE - HEARTBEAT`` is left
+    (two thirds by default): half the lease means one renewal was missed. A pass runs every
+    heartbeat, so the lease still has ``within - HEARTBEAT`` left when it is renewed.
+    """
+    settings = conf.get()
+    lease = settings.LEASE_SECONDS
+    return min(lease, max(lease / 2, 1.5 * settings.heartbeat_seconds))
+
+
+def _renew_if_ending(r: Received) -> None:
+    try:
+        until = leases.renew_if_ending(r.entry_id, r.token, within=renew_within())
+    except DatabaseError:
+        _close()
+        return  # the next pass tries again
+    if until is not None and not r.kept:
+        r.kept = True
+        logger.warning(
+            "Entry %s: its pool process renewed nothing (stuck in a C call?); the worker's "
+            "main process keeps its lease until the hard time limit ends the body",
+            r.entry_id,
+        )
 
 
 def fail_exited() -> None:

@@ -102,6 +102,25 @@ def renew(entry_id: int, token: int) -> datetime | None:
     return until if changed else None
 
 
+def renew_if_ending(entry_id: int, token: int, *, within: float) -> datetime | None:
+    """Renew a held lease only if it ends within ``within`` seconds; the new end, else None.
+
+    None says nothing was written: enough of the lease is left (its holder renews it), or
+    the token is stale. For a second renewer beside the lease keeper (a worker's main
+    process while its pool process cannot run Python): the common case writes no row.
+    Same bound and errors as :func:`renew`.
+    """
+    now = timezone.now()
+    until = now + timedelta(seconds=conf.get().LEASE_SECONDS)
+    with locking.bounded_transaction():
+        changed = (
+            QueueEntry.objects.held()
+            .filter(pk=entry_id, token=token, lease_expires_at__lt=now + timedelta(seconds=within))
+            .update(lease_expires_at=until)
+        )
+    return until if changed else None
+
+
 def redeliver(entry_id: int, token: int) -> bool:
     """A running attempt handed its message back to the broker (``Reject(requeue=True)``).
 

@@ -97,7 +97,9 @@ def let_sweeps_pass(beat: Beat, count: int) -> None:
 # --------------------------------------------------------------------------- hard time limit
 
 
+@pytest.mark.parametrize("limit", [2, 15], ids=["task-limit-2s", "call-limit-15s"])
 def test_ends__hard_time_limit_in_c_fails_the_entry_once_and_the_next_call_runs(
+    limit: int,
     short_leases: None,
     celery_workers: StartWorkers,
     celery_beat: Callable[[], Beat],
@@ -105,12 +107,16 @@ def test_ends__hard_time_limit_in_c_fails_the_entry_once_and_the_next_call_runs(
     monkeypatch: pytest.MonkeyPatch,
     settings: Any,
 ) -> None:
-    """``time_limit=2`` on ``sum(range(10**11))``: billiard kills the process, Celery stores
-    FAILURE(TimeLimitExceeded); the entry must end ``failed`` and never run again.
+    """A hard time limit on ``sum(range(10**11))``: billiard kills the process, Celery
+    stores FAILURE(TimeLimitExceeded); the body started once, the entry ends ``failed`` and
+    never runs again, and the call behind it runs.
 
-    Lease 6 s (billiard notices the limit up to a second late; keep ``time_limit`` below
-    the lease), sweep 1 s: an entry left ``running`` would be re-run by the sweep after
-    every lapse, so the check waits several leases after the next call has finished.
+    Lease 6 s, sweep 1 s: an entry left ``running`` would be re-run by the sweep after
+    every lapse, so the check waits several leases after the next call has finished. The
+    task's own ``time_limit=2`` is below the lease; the call's ``time_limit=15`` is above
+    it: the C call holds the GIL, its pool process renews nothing, and the worker's main
+    process must keep the claim until the limit (else a second copy runs beside it on the
+    worker's other pool process).
     """
     lease = 2 * LEASE_SECONDS
     monkeypatch.setenv("POOLS_LEASE_SECONDS", str(lease))
@@ -120,19 +126,30 @@ def test_ends__hard_time_limit_in_c_fails_the_entry_once_and_the_next_call_runs(
     celery_workers(count=1, concurrency=2, allow_errors=True)
     beat = celery_beat()
     where = str(shared_dir)
-    hung = hang_in_c.delay(where)
+    hung = (
+        hang_in_c.delay(where) if limit == 2 else hang_in_c.apply_async((where,), time_limit=limit)
+    )
     after = counted.delay(where, "after")
 
     with pytest.raises(TimeLimitExceeded):
         hung.get(timeout=TIMEOUT, propagate=True)
+    failed_at = time.time()
+    first = starts(shared_dir, "hang")[0]
     assert after.get(timeout=TIMEOUT)["name"] == "after"
     states = wait_settled([hung.id, after.id])
-    assert states == {hung.id: (EntryState.FAILED, 1), after.id: (EntryState.SUCCEEDED, 1)}
     let_sweeps_pass(beat, round(3 * lease / SWEEP_SECONDS))
 
+    print(
+        f"\nhard time limit {limit}s, lease {lease:.0f}s: FAILURE seen "
+        f"{failed_at - first['t']:.1f}s after the body started; hang runs "
+        f"{runs(shared_dir)['hang']}, requeues {requeues(hung.id)}"
+    )
+    if limit > lease:  # meaningful only if the body really outlived its lease
+        assert failed_at - first["t"] > 2 * lease, "the body did not outlive its lease"
     assert runs(shared_dir) == {"hang": 1, "after": 1}, "a hard-time-limited body ran again"
-    assert state_of(hung.id) == (EntryState.FAILED, 1)
     assert requeues(hung.id) == []
+    assert states == {hung.id: (EntryState.FAILED, 1), after.id: (EntryState.SUCCEEDED, 1)}
+    assert state_of(hung.id) == (EntryState.FAILED, 1)
     assert AsyncResult(hung.id).state == "FAILURE"
 
 

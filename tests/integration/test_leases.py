@@ -52,6 +52,24 @@ def test_renew__refused_for_stale_token(recorder: RecordingBridge) -> None:
     assert leases.renew(adm.entry_id, adm.token + 1) is None
 
 
+def test_renew_if_ending__writes_only_a_lease_near_its_end(recorder: RecordingBridge) -> None:
+    make_pool("p", 1)
+    submit(key="a")
+    adm = recorder.admissions[0]
+    assert leases.start(adm.entry_id, adm.token, worker="w1") is not None
+    full = QueueEntry.objects.get(key="a").lease_expires_at
+    assert full is not None
+    left = (full - timezone.now()).total_seconds()
+    assert leases.renew_if_ending(adm.entry_id, adm.token, within=left - 1) is None
+    assert QueueEntry.objects.get(key="a").lease_expires_at == full, "a healthy lease was written"
+    near = timezone.now() + timedelta(seconds=1)
+    QueueEntry.objects.filter(key="a").update(lease_expires_at=near)
+    assert leases.renew_if_ending(adm.entry_id, adm.token + 1, within=5) is None, "stale token"
+    until = leases.renew_if_ending(adm.entry_id, adm.token, within=5)
+    assert until is not None and until > near
+    assert QueueEntry.objects.get(key="a").lease_expires_at == until
+
+
 def test_sweep__lapsed_lease_returns_entry_to_its_place(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
     submit(key="first", priority=5)

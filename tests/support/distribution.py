@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: The importable packages a user installs.
 PACKAGES = ("pools", "pools_admin")
+#: Folders of the packages that stay in the repository: the benchmark runs from a checkout
+#: (docs/benchmarks.md). Neither archive holds them.
+NOT_PACKAGED = ("pools/bench",)
 #: Suffixes a file in the installed packages may have (``py.typed`` is named on its own).
 PACKAGE_SUFFIXES = {".py", ".sql", ".html", ".js", ".css"}
 #: Top-level folders of the repository that are never installed.
@@ -130,12 +133,19 @@ def project() -> dict[str, object]:
     return table
 
 
+def not_packaged(name: str) -> bool:
+    """True for a file of :data:`NOT_PACKAGED` (a path inside the packages)."""
+    return any(name.startswith(f"{folder}/") for folder in NOT_PACKAGED)
+
+
 def source_files(*, suffixes: set[str], under: str) -> set[str]:
     """The files :func:`build` packs from below ``under`` with these suffixes."""
     return {
         name
         for name in committable()
-        if name.startswith(f"{under}/") and PurePosixPath(name).suffix in suffixes
+        if name.startswith(f"{under}/")
+        and PurePosixPath(name).suffix in suffixes
+        and not not_packaged(name)
     }
 
 
@@ -178,6 +188,8 @@ def unwanted(names: list[str]) -> list[str]:
             continue
         if top not in PACKAGES:
             problems.append(f"outside the packages: {name}")
+        elif not_packaged(name):
+            problems.append(f"not packaged (runs from a checkout): {name}")
         elif "__pycache__" in path.parts or path.suffix in {".pyc", ".pyo"}:
             problems.append(f"compiled file: {name}")
         elif path.suffix not in PACKAGE_SUFFIXES and name != "pools/py.typed":
@@ -225,7 +237,8 @@ def metadata_problems(meta: Message, license_text: str | None) -> list[str]:
 
 
 def sdist_problems(names: list[str]) -> list[str]:
-    """The sdist: the packages and the files to build them, no tests, docs or results."""
+    """The sdist: the packages and the files to build them, no tests, docs, benchmark or
+    results (the wheel is built from the sdist, so what it lacks the wheel lacks too)."""
     problems = [f"missing from the sdist: {f}" for f in sorted(SDIST_FILES - set(names))]
     for name in names:
         path = PurePosixPath(name)
@@ -241,6 +254,8 @@ def sdist_problems(names: list[str]) -> list[str]:
             problems.append(f"compiled file: {name}")
         elif top not in PACKAGES:
             problems.append(f"outside the packages: {name}")
+        elif not_packaged(name):
+            problems.append(f"not packaged (runs from a checkout): {name}")
         elif path.suffix not in PACKAGE_SUFFIXES and name != "pools/py.typed":
             problems.append(f"not code, SQL, template or static file: {name}")
     return problems

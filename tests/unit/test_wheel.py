@@ -31,11 +31,21 @@ def assert_none(problems: list[str]) -> None:
 def test_wheel__holds_every_module_migration_sql_file_template_and_static_file(built):
     names = dist.wheel_names(built.wheel)
     assert_none(dist.missing(names))
-    assert "pools/bench/cli.py" in names  # manage.py pools bench and the bench extra
+    assert "pools/management/commands/pools.py" in names  # manage.py pools, bench included
 
 
 def test_wheel__holds_no_tests_docs_scripts_bytecode_or_bench_results(built):
     assert_none(dist.unwanted(dist.wheel_names(built.wheel)))
+
+
+def test_wheel__leaves_the_benchmark_in_the_repository(built):
+    """``pools/bench`` runs from a checkout: in the work tree, in neither archive."""
+    bench = {n for n in dist.committable() if n.startswith("pools/bench/")}
+    assert "pools/bench/__init__.py" in bench and "pools/bench/cli.py" in bench
+    shipped = [*dist.wheel_names(built.wheel), *dist.sdist_names(built.sdist)]
+    assert [n for n in shipped if n.startswith("pools/bench")] == []
+    # No extra promises it: its dependencies are a dependency group of the checkout.
+    assert "bench" not in (dist.wheel_metadata(built.wheel).get_all("Provides-Extra") or [])
 
 
 def test_wheel__metadata_matches_pyproject_and_pypi_classifiers(built):
@@ -60,6 +70,7 @@ def test_wheel__the_checks_see_a_sabotaged_file_list(built):
         "docs/benchmarks.md",
         "scripts/services.sh",
         "pools/__pycache__/conf.cpython-311.pyc",
+        "pools/bench/cli.py",
         "pools/bench/bench.json",
         "pools/bench/w1-throughput.png",
         "pools_admin/static/pools_admin/results.csv",
@@ -76,8 +87,10 @@ def test_wheel__the_checks_see_a_sabotaged_file_list(built):
     assert "no stored-function file in pools/pg/sql/" in found
     assert "pools/py.typed missing" in found
 
-    sdist = [*dist.sdist_names(built.sdist), "tests/conftest.py"]
-    assert "not for the sdist: tests/conftest.py" in dist.sdist_problems(sdist)
+    sdist = [*dist.sdist_names(built.sdist), "tests/conftest.py", "pools/bench/runner.py"]
+    found = dist.sdist_problems(sdist)
+    assert "not for the sdist: tests/conftest.py" in found
+    assert "not packaged (runs from a checkout): pools/bench/runner.py" in found
 
 
 def test_wheel__the_checks_see_sabotaged_metadata(built):

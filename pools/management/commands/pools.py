@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 from argparse import ArgumentParser, Namespace
+from types import ModuleType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from pools import __version__
 from pools.core import admission, definitions, rates, snapshots, sweeps
 from pools.core.snapshots import PoolSnapshot
 from pools.exceptions import PoolError
@@ -39,6 +42,33 @@ def summary_line(s: PoolSnapshot) -> str:
     )
 
 
+#: The benchmark's package: in a checkout of the repository, not in the wheel.
+BENCH_PACKAGE = "pools.bench"
+
+
+def bench_missing(version: str) -> str:
+    """What ``pools bench`` says when the benchmark is not installed (the wheel lacks it)."""
+    return (
+        f"The benchmark is not part of the installed package (django-celery-pools {version}): "
+        f"it runs from a checkout of the repository. Clone the django-celery-pools repository, "
+        f"check out the tag v{version}, run 'make install' there, then run the command that "
+        f"docs/benchmarks.md gives under 'Run it' (python example_project/manage.py pools "
+        f"bench ...)."
+    )
+
+
+def load_bench() -> ModuleType:
+    """The benchmark's command line (``pools.bench.cli``); a :class:`CommandError` saying how
+    to get it when the package is not installed."""
+    try:
+        return importlib.import_module(f"{BENCH_PACKAGE}.cli")
+    except ModuleNotFoundError as exc:
+        name = exc.name or ""
+        if name != BENCH_PACKAGE and not name.startswith(f"{BENCH_PACKAGE}."):
+            raise  # one of the benchmark's own dependencies: its message says which
+        raise CommandError(bench_missing(__version__)) from exc
+
+
 class Command(BaseCommand):
     help = (
         "Inspect and manage resource pools: list, inspect NAME, sync, drain NAME, pause NAME, "
@@ -61,12 +91,14 @@ class Command(BaseCommand):
         cancel = sub.add_parser("cancel", help="Cancel a waiting entry by key (task id).")
         cancel.add_argument("key")
         sub.add_parser("sweep", help="Run one sweep pass (lapsed leases, deadlines, admission).")
-        # The benchmark is an optional extra: its own parser reads these arguments, so
-        # pools.bench is imported only when it runs ('pools bench --help' lists them).
+        # The benchmark is in a checkout of the repository, not in the wheel: its own parser
+        # reads these arguments, so pools.bench is imported only when it runs ('pools bench
+        # --help' lists them, or says how to get it).
         bench = sub.add_parser(
             "bench",
             help="Benchmark pools against plain Celery and the Redis-lock recipe "
-            "(starts its own workers; see docs/benchmarks.md).",
+            "(from a checkout of the repository; starts its own workers; see "
+            "docs/benchmarks.md).",
             add_help=False,
         )
         bench.set_defaults(bench_args=[])
@@ -179,8 +211,7 @@ class Command(BaseCommand):
         self.stdout.write(f"cancelled #{entry.queue_id} {entry.task_name} ({key})")
 
     def do_bench(self, bench_args: list[str], **options: Any) -> None:
-        from pools.bench import cli as bench_cli
-
+        bench_cli = load_bench()
         parser = ArgumentParser(prog="manage.py pools bench")
         bench_cli.add_arguments(parser)
         values = vars(parser.parse_args(bench_args))
