@@ -21,7 +21,6 @@ from pools.exceptions import (
     UnknownPool,
 )
 from pools.models import DELAYED, HELD_STATES, EntryState, Pool
-from pools.pool_fields import TEMPLATE
 
 #: Per-key pools retired per sweep (the next sweep takes the rest).
 RETIRE_BATCH = 100
@@ -45,7 +44,10 @@ def ensure_pool(name: str, pattern: str) -> Pool:
             with transaction.atomic():
                 pool = Pool.objects.create(
                     name=name,
-                    **{key: getattr(template, key) for key in pool_fields.names(TEMPLATE)},
+                    **{
+                        key: getattr(template, key)
+                        for key in pool_fields.names(pool_fields.TEMPLATE)
+                    },
                     template=pattern,
                 )
                 pool_saved(pool, old_slots=None, old_paused=None, created=True)

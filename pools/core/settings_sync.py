@@ -18,10 +18,9 @@ from pools.core import admission, events, locking, strategies, windows
 from pools.core.capacity import change_slots, configured_slots, log_pause
 from pools.core.declarations import declared
 from pools.models import TERMINAL_STATES, Demand, EventKind, Pool
-from pools.pool_fields import SETTINGS
 
 #: The fields settings set besides ``slots`` (a capacity change drains: ``change_slots``).
-_SYNCED = tuple(name for name in pool_fields.names(SETTINGS) if name != "slots")
+_SYNCED = tuple(name for name in pool_fields.names(pool_fields.SETTINGS) if name != "slots")
 
 
 @dataclass(frozen=True, kw_only=True)
