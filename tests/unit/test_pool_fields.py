@@ -99,35 +99,25 @@ def test_check_order__aging_needs_strategy_priority() -> None:
 
 # --------------------------------------------------------------------------- surfaces
 
+_SETTINGS_FIELDS = {
+    "slots",
+    "max_queued",
+    "paused",
+    "description",
+    "overflow",
+    "paused_policy",
+    "strategy",
+    "aging_seconds",
+    "spend_cap",
+    "rate",
+}
 SURFACE_FIELDS = {
-    SETTINGS: {
-        "slots",
-        "max_queued",
-        "paused",
-        "description",
-        "overflow",
-        "paused_policy",
-        "strategy",
-        "aging_seconds",
-        "spend_cap",
-        "rate",
-    },
+    SETTINGS: _SETTINGS_FIELDS,
     DEFAULT_POOL: {"name", "slots", "queues", "max_queued"},
     TEMPLATE: {"slots", "max_queued", "description", "strategy", "aging_seconds", "rate"},
-    CRUD: {
-        "name",
-        "slots",
-        "max_queued",
-        "paused",
-        "description",
-        "overflow",
-        "paused_policy",
-        "strategy",
-        "aging_seconds",
-        "spend_cap",
-        "rate",
-    },
+    CRUD: {"name", *_SETTINGS_FIELDS},
 }
+
 
 #: A valid value of each field, to offer it to every surface.
 SAMPLE = {
