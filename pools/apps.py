@@ -27,7 +27,7 @@ class PoolsConfig(AppConfig):
 
 def _sync_after_migrate(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
     from pools.celery import beat
-    from pools.core import definitions
+    from pools.core import settings_sync
 
-    definitions.sync()
+    settings_sync.sync()
     beat.ensure_sweep_schedule()

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Validate ``settings.POOLS`` and its pool definitions."""
     from pools import conf
-    from pools.core import definitions
+    from pools.core import declarations
 
     try:
         conf.get()
@@ -31,7 +31,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     errors: list[CheckMessage] = []
     for name, raw in sorted(conf.get().DEFINITIONS.items()):
         try:
-            definitions.parse(name, raw)
+            declarations.parse(name, raw)
         except PoolConfigurationError as exc:
             errors.append(Error(str(exc), id="pools.E002", hint="Fix POOLS['DEFINITIONS']."))
     for name, declared in sorted(conf.get().TASKS.items()):
@@ -41,12 +41,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             errors.append(Error(f"POOLS['TASKS'][{name!r}]: {exc}", id="pools.E003"))
     for pattern, raw in sorted(conf.get().TEMPLATES.items()):
         try:
-            definitions.parse_template(pattern, raw)
+            declarations.parse_template(pattern, raw)
         except PoolConfigurationError as exc:
             errors.append(Error(str(exc), id="pools.E030", hint="Fix POOLS['TEMPLATES']."))
     errors.extend(_check_patterns_have_templates(conf.get()))
     try:
-        definitions.default_pool()
+        declarations.default_pool()
     except PoolConfigurationError as exc:
         errors.append(Error(str(exc), id="pools.E032", hint="Fix POOLS['DEFAULT_POOL']."))
     settings_ = conf.get()

@@ -1,20 +1,22 @@
 """Database models: pools, queue entries, their per-pool demand rows and the event log.
 
 Rows are changed only by the service modules (:mod:`pools.core.admission`,
-:mod:`pools.core.leases`, :mod:`pools.core.definitions`); never ``update(state=...)`` elsewhere.
+:mod:`pools.core.leases`, the pool services such as :mod:`pools.core.pool_crud`); never
+``update(state=...)`` elsewhere.
 """
 
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
-from pools.core.rates import validate_field as validate_rate
+# The choices of pool fields are defined with the field table; named here as before.
+from pools.pool_fields import OverflowPolicy, PausedPolicy, Strategy
 from pools.querysets import DemandQuerySet, QueueEntryQuerySet
+from pools.rates_text import validate_field as validate_rate
 from pools.specs import POOL_NAME_RE
 
 
@@ -65,30 +67,6 @@ class ConcurrencyPolicy(models.TextChoices):
     FORBID = "forbid", _("forbid")
     REPLACE = "replace", _("replace")
     SKIP = "skip", _("skip")
-
-
-class OverflowPolicy(models.TextChoices):
-    """What a submit to a pool whose backlog is at ``max_queued`` does."""
-
-    REJECT = "reject", _("reject the new entry")
-    DROP_OLDEST = "drop_oldest", _("drop the oldest waiting entry")
-    DROP_NEWEST = "drop_newest", _("drop the newest waiting entry")
-
-
-class PausedPolicy(models.TextChoices):
-    """What a submit to a paused pool does."""
-
-    QUEUE = "queue", _("queue it")
-    REJECT = "reject", _("reject it")
-
-
-class Strategy(models.TextChoices):
-    """The order in which a pool admits its waiting entries (docs/concepts/fairness.md)."""
-
-    PRIORITY = "priority", _("priority, then first come first served")
-    FIFO = "fifo", _("first come first served")
-    LIFO = "lifo", _("last come first served")
-    FAIR = "fair", _("round robin across fairness keys")
 
 
 class Origin(models.TextChoices):
@@ -242,17 +220,6 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.slots} slots)"
-
-    def clean(self) -> None:
-        """Aging is a rule of strategy ``priority`` (admin form validation)."""
-        if self.aging_seconds is not None and self.strategy != Strategy.PRIORITY:
-            raise ValidationError(
-                {
-                    "aging_seconds": _(
-                        "Aging applies to strategy 'priority' only: clear it or use 'priority'."
-                    )
-                }
-            )
 
 
 class QueueEntry(models.Model):

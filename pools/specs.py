@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pools.core import rates
+from pools import rates_text
 from pools.exceptions import PoolConfigurationError
 
 #: A pool name: starts with a letter or digit; letters, digits, ``_ . : -``; at most 100.
@@ -242,8 +242,10 @@ def format_pool_name(pattern: str, values: Mapping[str, Any], *, task: str = "")
     return name
 
 
-def validate_slots(value: object, *, what: str) -> int:
-    """Return ``value`` if it is a positive integer, else raise with ``what`` in the message."""
+def positive_int(value: object, *, what: str) -> int:
+    """Return ``value`` if it is a positive integer (not a bool), else raise
+    ``PoolConfigurationError`` naming ``what``: slots, ``max_running``, ``max_queued``,
+    ``aging_seconds``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PoolConfigurationError(f"{what} must be a positive integer, got {value!r}.")
     return value
@@ -253,7 +255,7 @@ def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str
     """Turn ``"warehouse"`` + ``slots`` or ``{"warehouse": 1, "api": 2}`` into a checked dict."""
     if isinstance(pools, str):
         name = refuse_reserved(validate_pool_name_or_pattern(pools))
-        return {name: validate_slots(slots, what=f"slots for pool {pools!r}")}
+        return {name: positive_int(slots, what=f"slots for pool {pools!r}")}
     if isinstance(pools, Mapping):
         if not pools:
             raise PoolConfigurationError("A pooled task must name at least one pool.")
@@ -263,7 +265,7 @@ def normalize_demand(pools: str | Mapping[str, int], slots: int = 1) -> dict[str
                 "@pooled({'warehouse': 2, 'partner-api': 1})."
             )
         return {
-            refuse_reserved(validate_pool_name_or_pattern(name)): validate_slots(
+            refuse_reserved(validate_pool_name_or_pattern(name)): positive_int(
                 n, what=f"slots for pool {name!r}"
             )
             for name, n in sorted(pools.items())
@@ -398,8 +400,8 @@ class PoolSpec:
         demand out of lock order.
         """
         if self.max_running is not None:
-            validate_slots(self.max_running, what="max_running")
-        object.__setattr__(self, "rate", rates.normalize(self.rate, what="rate"))
+            positive_int(self.max_running, what="max_running")
+        object.__setattr__(self, "rate", rates_text.normalize(self.rate, what="rate"))
         if not isinstance(self.demand, Mapping) or not (
             self.demand or self.max_running or self.rate
         ):
@@ -409,7 +411,7 @@ class PoolSpec:
             )
         for name, slots in self.demand.items():
             checked = validate_pool_name_or_pattern(name)
-            validate_slots(slots, what=f"slots for pool {checked!r}")
+            positive_int(slots, what=f"slots for pool {checked!r}")
         _validate_priority(self.priority)
         _validate_timeout(self.queue_timeout)
         validate_policy(self.concurrency_policy)
@@ -436,8 +438,8 @@ class PoolSpec:
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec."""
         if max_running is not None:
-            max_running = validate_slots(max_running, what="max_running")
-        task_rate = rates.normalize(rate, what="@pooled(rate=...)")
+            max_running = positive_int(max_running, what="max_running")
+        task_rate = rates_text.normalize(rate, what="@pooled(rate=...)")
         if pools is None and max_running is None and not task_rate:
             raise PoolConfigurationError(
                 "@pooled needs a pool name, a {pool: slots} dict, max_running=N (a task cap) "
@@ -537,7 +539,7 @@ class PoolSpec:
         if self.max_running is None and not self.rate:
             return self
         name = cap_pool_name(TASK_CAP_PREFIX, task)
-        slots = rates.UNLIMITED_SLOTS if self.max_running is None else self.max_running
+        slots = rates_text.UNLIMITED_SLOTS if self.max_running is None else self.max_running
         return replace(
             self,
             demand={**self.demand, name: 1},

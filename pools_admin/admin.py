@@ -19,11 +19,14 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.urls import URLPattern, path, re_path, reverse
 from django.utils.html import format_html
 
-from pools.core import admission, definitions
+from pools import pool_fields
+from pools.core import admission, pool_crud
+from pools.core import capacity as pool_capacity
 from pools.exceptions import PoolError, PoolRefused, PoolUnavailable
 from pools.models import HELD_STATES, EntryState, Pool, PoolEvent, QueueEntry, WorkerNode
 from pools.querysets import held_slots_expr, waiting_count_expr
 from pools_admin import views, why
+from pools_admin.forms import PoolForm
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -44,6 +47,7 @@ def _mount(model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponse]
 
 @admin.register(Pool)
 class PoolAdmin(admin.ModelAdmin):
+    form = PoolForm
     list_display = (
         "name",
         "configured",
@@ -76,7 +80,7 @@ class PoolAdmin(admin.ModelAdmin):
     @admin.display(description="slots")
     def configured(self, obj: Pool) -> int:
         """The capacity asked for (the pending one while the pool drains)."""
-        return definitions.configured_slots(obj)
+        return pool_capacity.configured_slots(obj)
 
     @admin.display(description="capacity", ordering="slots")
     def capacity(self, obj: Pool) -> int:
@@ -113,20 +117,20 @@ class PoolAdmin(admin.ModelAdmin):
         return obj
 
     def save_model(self, request: HttpRequest, obj: Pool, form: Any, change: bool) -> None:
-        # Through the service functions: a capacity change drains (definitions.change_slots).
-        data = {f: form.cleaned_data[f] for f in definitions.EDITABLE if f in form.cleaned_data}
+        # Through the service functions: a capacity change drains (capacity.change_slots).
+        data = {f: form.cleaned_data[f] for f in pool_fields.EDITABLE if f in form.cleaned_data}
         if change:
             changed = {f: v for f, v in data.items() if f in form.changed_data}
-            saved = definitions.update_pool(obj.name, actor=actor_of(request), **changed)
+            saved = pool_crud.update_pool(obj.name, actor=actor_of(request), **changed)
         else:
-            saved = definitions.create_pool(name=obj.name, actor=actor_of(request), **data)
+            saved = pool_crud.create_pool(name=obj.name, actor=actor_of(request), **data)
         obj.pk = saved.pk
         obj.slots, obj.pending_slots = saved.slots, saved.pending_slots
 
     def delete_model(self, request: HttpRequest, obj: Pool) -> None:
         # Through the service: refused while entries wait or hold slots, and logged.
         try:
-            definitions.delete_pool(obj.name, actor=actor_of(request))
+            pool_crud.delete_pool(obj.name, actor=actor_of(request))
         except PoolError as exc:
             self.message_user(request, str(exc), messages.ERROR)
 
@@ -142,7 +146,9 @@ class PoolAdmin(admin.ModelAdmin):
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[Pool], paused: bool) -> None:
         actor = actor_of(request)
-        changed = [p.name for p in queryset if definitions.set_paused(p.name, paused, actor=actor)]
+        changed = [
+            p.name for p in queryset if pool_capacity.set_paused(p.name, paused, actor=actor)
+        ]
         verb = "Paused" if paused else "Resumed"
         if changed:
             self.message_user(request, f"{verb} {', '.join(changed)}.", messages.SUCCESS)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rest_framework import serializers
 
-from pools.core import definitions, rates
+from pools import pool_fields
+from pools.core import rates
 from pools.core.explain import BLOCKERS
 from pools.exceptions import PoolConfigurationError
 from pools.models import OverflowPolicy, PausedPolicy, Pool, Strategy
@@ -278,9 +280,19 @@ class JobStartedSerializer(serializers.Serializer[Any]):
 
 def _field_check(field: str, value: Any) -> Any:
     try:
-        return definitions.validate_fields({field: value})[field]
+        return pool_fields.check(field, value)
     except PoolConfigurationError as exc:
         raise serializers.ValidationError(str(exc)) from exc
+
+
+def _table_check(field: str) -> Callable[[Any, Any], Any]:
+    """The ``validate_<field>`` method of a pool field: the check of the pool field table."""
+
+    def validate(self: Any, value: Any) -> Any:
+        return _field_check(field, value)
+
+    validate.__doc__ = f"{pool_fields.FIELDS[field].kind} (checked as settings are)."
+    return validate
 
 
 class PoolInputSerializer(serializers.Serializer[Any]):
@@ -324,10 +336,6 @@ class PoolInputSerializer(serializers.Serializer[Any]):
             attrs["slots"] = rates.UNLIMITED_SLOTS
         return attrs
 
-    def validate_rate(self, value: Any) -> str:
-        """A rate, a list of rates, or null (none); stored as ``"10/s,100000/d"``."""
-        return str(_field_check("rate", value))
-
     def validate_name(self, value: str) -> str:
         """Valid name, not taken (on create), unchanged (on update)."""
         value = _field_check("name", value)
@@ -340,21 +348,15 @@ class PoolInputSerializer(serializers.Serializer[Any]):
             raise serializers.ValidationError(f"A pool named {value!r} already exists.")
         return value
 
-    def validate_slots(self, value: int) -> int:
-        """A positive integer."""
-        return int(_field_check("slots", value))
-
-    def validate_max_queued(self, value: int | None) -> int | None:
-        """A positive integer or null (unlimited)."""
-        checked: int | None = _field_check("max_queued", value)
-        return checked
-
-    def validate_aging_seconds(self, value: int | None) -> int | None:
-        """A positive integer or null (no aging)."""
-        checked: int | None = _field_check("aging_seconds", value)
-        return checked
-
-    def validate_spend_cap(self, value: float | None) -> float | None:
-        """A positive number of slot-seconds or null (no cap)."""
-        checked: float | None = _field_check("spend_cap", value)
-        return checked
+    # Every other field as the pool field table checks it (the rules of settings); the
+    # rate comes back in its stored form ("10/s,100000/d").
+    validate_slots = _table_check("slots")
+    validate_max_queued = _table_check("max_queued")
+    validate_paused = _table_check("paused")
+    validate_description = _table_check("description")
+    validate_overflow = _table_check("overflow")
+    validate_paused_policy = _table_check("paused_policy")
+    validate_strategy = _table_check("strategy")
+    validate_aging_seconds = _table_check("aging_seconds")
+    validate_spend_cap = _table_check("spend_cap")
+    validate_rate = _table_check("rate")

@@ -26,7 +26,7 @@ from pools.api import errors, permissions
 from pools.api import serializers as s
 from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, view_schema
 from pools.celery import jobs
-from pools.core import admission, definitions, explain, reads, snapshots
+from pools.core import admission, capacity, explain, pool_crud, reads, snapshots
 from pools.exceptions import EntryNotFound, PoolRefused, UnknownPool
 from pools.models import Origin, Pool
 
@@ -131,7 +131,7 @@ class PoolListView(PoolsAPIView):
         """Create a pool."""
         data = s.PoolInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        pool = definitions.create_pool(**data.validated_data, actor=_actor(request))
+        pool = pool_crud.create_pool(**data.validated_data, actor=_actor(request))
         snap = snapshots.snapshot(pool.name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
         return Response(s.PoolSnapshotSerializer(snap).data, status=status.HTTP_201_CREATED)
 
@@ -169,7 +169,7 @@ class PoolDetailView(PoolsAPIView):
         data = s.PoolInputSerializer(pool, data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         changes = {k: v for k, v in data.validated_data.items() if k != "name"}
-        definitions.update_pool(name, actor=_actor(request), **changes)
+        pool_crud.update_pool(name, actor=_actor(request), **changes)
         snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
         return Response(s.PoolSnapshotSerializer(snap).data)
 
@@ -187,7 +187,7 @@ class PoolDetailView(PoolsAPIView):
     )
     def delete(self, request: Request, name: str) -> Response:
         """Delete a pool made in the admin or the API, with no unfinished entries."""
-        definitions.delete_pool(name, actor=_actor(request))
+        pool_crud.delete_pool(name, actor=_actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -199,7 +199,7 @@ class _PauseView(PoolsAPIView):
 
     def post(self, request: Request, name: str) -> Response:
         """Pause or resume the pool (idempotent); answers the pool."""
-        definitions.set_paused(name, self.paused)
+        capacity.set_paused(name, self.paused)
         snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
         return Response(s.PoolSnapshotSerializer(snap).data)
 

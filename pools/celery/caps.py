@@ -29,7 +29,7 @@ from pools.specs import (
     Budget,
     PoolSpec,
     cap_pool_name,
-    validate_slots,
+    positive_int,
 )
 
 #: ``template`` marker of run-cap and task-cap pools (shown in the admin; idle retirement).
@@ -68,7 +68,7 @@ def limit_run(
         raise PoolConfigurationError(
             "limit_run() needs max_running=N (a run cap), budget={...} (a run budget), or both."
         )
-    slots = None if max_running is None else validate_slots(max_running, what="max_running")
+    slots = None if max_running is None else positive_int(max_running, what="max_running")
     limits = None if budget is None else Budget.from_mapping(budget)
     root_id = str(options.pop("root_id", None) or signature.options.get("root_id") or uuid())
     if limits is not None:

@@ -15,7 +15,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from pools import conf
-from pools.core import admission, definitions, dispatch
+from pools.core import admission, dispatch, per_key, settings_sync
 from pools.core.locking import locked_pools
 from pools.models import TERMINAL_STATES, Demand, Pool, PoolEvent, QueueEntry, RunBudget
 
@@ -62,7 +62,7 @@ def sweep(now: datetime | None = None) -> SweepReport:
         admitted=admitted,
         pruned=prune(now),
         held_fixed=held_fixed,
-        retired=(*definitions.sweep_retiring(), *definitions.retire_idle(now)),
+        retired=(*settings_sync.sweep_retiring(), *per_key.retire_idle(now)),
     )
     wake_at_next_lapse(now)
     return report

@@ -155,7 +155,7 @@ def celery_workers(
     ``allow_errors=True`` exempts these workers from the "no ERROR lines" teardown check,
     for tests that inject faults the workers are expected to log.
     """
-    from pools.core import definitions
+    from pools.core import settings_sync
     from tests.celery_app import app
 
     broker = settings.CELERY_BROKER_URL
@@ -177,7 +177,7 @@ def celery_workers(
             flushed = True
             # A transactional test with ``available_apps`` flushes without migrate's
             # post_migrate sync, so settings-defined pools may be gone: sync as migrate does.
-            definitions.sync()
+            settings_sync.sync()
         new: list[Worker] = []
         for _ in range(count):
             node = f"accept{next(_names)}-{uuid.uuid4().hex[:6]}"

@@ -7,7 +7,7 @@ import json
 import pytest
 from pytest_django import Settings
 
-from pools.core import definitions
+from pools.core import settings_sync
 from pools.models import EntryState, Pool, QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
 from tests.acceptance.faults_support import max_overlap
@@ -25,7 +25,7 @@ def test_default_pool__unpooled_tasks_on_its_queue_never_overlap_its_slots(
 ) -> None:
     monkeypatch.setenv("POOLS_TEST_DEFAULT_POOL", json.dumps(DEFAULT))  # the workers' settings
     settings.POOLS = {**settings.POOLS, "DEFAULT_POOL": DEFAULT}  # this process's
-    definitions.sync()
+    settings_sync.sync()
     celery_workers(count=2, concurrency=4)
 
     results = [free_span.delay(i, 0.1) for i in range(TASKS)]

@@ -9,7 +9,7 @@ from collections import Counter
 from celery.result import AsyncResult
 
 from pools import snapshot
-from pools.core import definitions
+from pools.core import capacity
 from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import max_overlap
@@ -35,7 +35,7 @@ def set_paused(name: str, paused: bool) -> None:
     was = pool.paused
     pool.paused = paused
     pool.save(update_fields=["paused", "updated_at"])
-    definitions.pool_saved(pool, old_slots=pool.slots, old_paused=was)
+    capacity.pool_saved(pool, old_slots=pool.slots, old_paused=was)
 
 
 def held_now(name: str) -> int:

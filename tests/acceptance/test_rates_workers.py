@@ -35,7 +35,7 @@ import pytest
 
 from pools.bench.rates import AdmissionLog as Log
 from pools.bench.rates import achieved_rate, max_in_window
-from pools.core import definitions, rates
+from pools.core import capacity, pool_crud, rates
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
 from tests.acceptance.faults_support import max_overlap
 from tests.testapp import rate_tasks
@@ -61,11 +61,11 @@ def _rate_pool(name: str, **fields: Any) -> None:
     Without ``slots`` the pool limits starts only (as ``{"rate": "20/s"}`` in settings).
     """
     fields.setdefault("slots", rates.UNLIMITED_SLOTS)
-    definitions.create_pool(name=name, paused=True, **fields)
+    pool_crud.create_pool(name=name, paused=True, **fields)
 
 
 def _release(name: str) -> None:
-    definitions.set_paused(name, False)
+    capacity.set_paused(name, False)
 
 
 def _starts(results: list[Any]) -> list[dict[str, Any]]:
@@ -292,7 +292,7 @@ def test_admission_log__sees_an_overfilled_window_when_the_rates_change(
     for i in range(60):
         rated.delay(i)
     _release(rate_tasks.RATE_POOL)  # 20 admitted now
-    definitions.update_pool(rate_tasks.RATE_POOL, rate="21/s")  # 21 more at once
+    pool_crud.update_pool(rate_tasks.RATE_POOL, rate="21/s")  # 21 more at once
     admitted = admission_log(rate_tasks.RATE_POOL)
     assert len(admitted) == 41
     assert max_in_window(admitted, 1.0)[0] == 41

@@ -64,9 +64,9 @@ def test_arguments__bytes_arrive_unchanged(worker: list[Worker]) -> None:
 
 
 def test_expires__passing_while_waiting_revokes_it_as_celery_does(worker: list[Worker]) -> None:
-    from pools.core import admission, definitions
+    from pools.core import admission, capacity
 
-    definitions.set_paused("partner-api", True)  # keeps the call waiting past its expiry
+    capacity.set_paused("partner-api", True)  # keeps the call waiting past its expiry
     try:
         short = echo_request.apply_async(("late",), expires=0.5)
         time.sleep(1)
@@ -76,7 +76,7 @@ def test_expires__passing_while_waiting_revokes_it_as_celery_does(worker: list[W
         with pytest.raises(TaskRevokedError, match="expired"):
             short.get(timeout=TIMEOUT)
     finally:
-        definitions.set_paused("partner-api", False)
+        capacity.set_paused("partner-api", False)
 
 
 def test_children__a_body_that_calls_pooled_tasks_gets_exactly_their_results(

@@ -215,12 +215,12 @@ def setup_django(args: argparse.Namespace) -> None:
     django.setup()
     from django.core.management import call_command
 
-    from pools.core import definitions
+    from pools.core import pool_crud
     from tests.chaos.tasks import POOLS
 
     call_command("migrate", verbosity=0)
     for name, slots in POOLS.items():
-        definitions.create_pool(name=name, slots=slots)
+        pool_crud.create_pool(name=name, slots=slots)
 
 
 def _wait(predicate: Any, timeout: float, what: str, step: float = 0.2) -> Any:

@@ -299,7 +299,7 @@ def test_pool_admin__strategy_and_aging_are_edited_through_the_service(
     }
     refused = admin_client.post(url, form)
     assert refused.status_code == 200  # the form again, with the error
-    assert "Aging applies to strategy" in refused.content.decode()
+    assert "aging_seconds applies to strategy" in refused.content.decode()
     assert Pool.objects.get(name="wh").strategy == "priority"
     form["aging_seconds"] = ""
     admin_client.post(url, form, follow=True)

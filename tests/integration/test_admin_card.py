@@ -12,7 +12,7 @@ from django.test import Client
 from django.urls import reverse
 from pytest_django import DjangoAssertNumQueries
 
-from pools.core import admission, definitions, leases
+from pools.core import admission, leases, pool_crud
 from pools.models import EntryState, Pool, QueueEntry
 from tests.bridge import RecordingBridge
 from tests.factories import make_pool, submit
@@ -98,7 +98,7 @@ def test_card__draining_pool_shows_the_capacity_it_drains_to(
     admin_client: Client, busy: RecordingBridge
 ) -> None:
     """A lowered capacity waits for the queued entries: the card says "draining to N"."""
-    definitions.update_pool("wh", slots=1)
+    pool_crud.update_pool("wh", slots=1)
     pool = Pool.objects.get(name="wh")
     assert (pool.slots, pool.pending_slots) == (2, 1), "the change waits for the line"
     html = admin_client.get(reverse("admin:pools_pool_card")).content.decode()
@@ -111,7 +111,7 @@ def test_card__draining_pool_shows_the_capacity_it_drains_to(
     # A pool that is not draining has no badge.
     assert "pools-badge-draining" not in card_row(html, "api")
     # Back to the capacity in effect: the drain ends and the badge goes.
-    definitions.update_pool("wh", slots=2)
+    pool_crud.update_pool("wh", slots=2)
     html = admin_client.get(reverse("admin:pools_pool_card")).content.decode()
     assert "pools-badge-draining" not in card_row(html, "wh")
 

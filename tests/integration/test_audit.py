@@ -12,7 +12,7 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from pools import signals
-from pools.core import definitions
+from pools.core import capacity, pool_crud
 from pools.models import EventKind, Pool, PoolEvent, QueueEntry
 from tests.bridge import RecordingBridge
 from tests.factories import submit
@@ -135,10 +135,10 @@ def _scenario(admin_client: Client, admin_user: User) -> None:
 
 
 def test_changes_made_in_code__have_no_actor(recorder: RecordingBridge) -> None:
-    definitions.create_pool(name="code", slots=1)
-    definitions.update_pool("code", slots=2)
-    definitions.set_paused("code", True)
-    definitions.delete_pool("code")
+    pool_crud.create_pool(name="code", slots=1)
+    pool_crud.update_pool("code", slots=2)
+    capacity.set_paused("code", True)
+    pool_crud.delete_pool("code")
     assert {actor for _k, _p, actor, _d in _log("code")} == {""}
     assert [k for k, *_ in _log("code")] == [
         EventKind.POOL_CREATED,
@@ -151,6 +151,6 @@ def test_changes_made_in_code__have_no_actor(recorder: RecordingBridge) -> None:
 def test_admin_event_list__shows_the_actor(
     admin_client: Client, admin_user: User, recorder: RecordingBridge
 ) -> None:
-    definitions.create_pool(name="shown", slots=1, actor="alice")
+    pool_crud.create_pool(name="shown", slots=1, actor="alice")
     html = admin_client.get(reverse("admin:pools_poolevent_changelist")).content.decode()
     assert 'class="field-actor">alice<' in html

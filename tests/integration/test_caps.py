@@ -13,7 +13,7 @@ from celery import group
 from celery.utils import uuid
 
 import pools
-from pools.core import admission, definitions, explain
+from pools.core import admission, explain, per_key, pool_crud
 from pools.exceptions import PoolConfigurationError
 from pools.models import EntryState, Pool, QueueEntry
 from pools.specs import RUN_CAP_PREFIX, TASK_CAP_PREFIX, cap_pool_name
@@ -124,7 +124,7 @@ def test_task_cap__a_changed_max_running_drains_to_the_new_capacity(
 ) -> None:
     calls = [capped_span.delay(i) for i in range(4)]  # 3 admitted, 1 waits
     assert len(paths.keys()) == 3
-    definitions.ensure_cap_pool(TASK_CAP, 1, template="task-cap:{task}")  # a new deploy
+    per_key.ensure_cap_pool(TASK_CAP, 1, template="task-cap:{task}")  # a new deploy
     pool = Pool.objects.get(name=TASK_CAP)
     assert (pool.slots, pool.pending_slots) == (3, 1)  # the entry in line drains first
     for c in calls[:3]:
@@ -146,7 +146,7 @@ def test_cap_prefixes_are_reserved(name: str) -> None:
     with pytest.raises(PoolConfigurationError, match="reserved for workflow caps"):
         pools.pooled(name)
     with pytest.raises(PoolConfigurationError, match="reserved for workflow caps"):
-        definitions.create_pool(name=name, slots=1)
+        pool_crud.create_pool(name=name, slots=1)
 
 
 def test_cap_pool_name__long_or_odd_keys_become_valid_unique_names() -> None:

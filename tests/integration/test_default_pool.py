@@ -6,7 +6,7 @@ import pytest
 from pytest_django import Settings
 
 from pools.celery import gate
-from pools.core import definitions
+from pools.core import declarations, settings_sync
 from pools.models import EntryState, Pool, QueueEntry
 from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
@@ -20,7 +20,7 @@ DEFAULT = {"name": "default", "slots": 1, "queues": ["celery"]}
 @pytest.fixture
 def default_on(settings: Settings, recorder: RecordingBridge) -> RecordingBridge:
     settings.POOLS = {**settings.POOLS, "DEFAULT_POOL": DEFAULT}
-    definitions.sync()
+    settings_sync.sync()
     return recorder
 
 
@@ -50,7 +50,7 @@ def test_other_queue_and_pooled_tasks__keep_their_own_way(default_on: RecordingB
 def test_off_by_default__unpooled_tasks_are_not_held(
     settings: Settings, recorder: RecordingBridge
 ) -> None:
-    assert definitions.default_pool() is None
+    assert declarations.default_pool() is None
     result = free_span.delay(1)
     assert not QueueEntry.objects.filter(key=result.id).exists()
 

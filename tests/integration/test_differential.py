@@ -45,7 +45,7 @@ from django.db import connection
 from pytest_django import Settings
 
 from pools import signals
-from pools.core import admission, definitions, dispatch, leases, nodes, records, sweeps
+from pools.core import admission, capacity, dispatch, leases, nodes, pool_crud, records, sweeps
 from pools.core.records import Submission
 from pools.exceptions import PoolError
 from pools.models import Demand, EventKind, Pool, PoolEvent, QueueEntry, RateMark
@@ -382,17 +382,17 @@ class Run:
             aging = rng.choice([None, 3]) if strategy == "priority" else None
 
             def reorder() -> None:
-                definitions.update_pool(name, strategy=strategy, aging_seconds=aging)
+                pool_crud.update_pool(name, strategy=strategy, aging_seconds=aging)
 
             return f"{name}.strategy={strategy} aging={aging}", reorder
         if what == "aging":  # refused (PoolConfigurationError) unless the pool is 'priority'
             seconds = rng.choice([None, 2, 10])
-            return f"{name}.aging_seconds={seconds}", lambda: definitions.update_pool(
+            return f"{name}.aging_seconds={seconds}", lambda: pool_crud.update_pool(
                 name, aging_seconds=seconds
             )
         if what == "pause" or what == "resume":
             paused = what == "pause"
-            return f"{what} {name}", lambda: definitions.set_paused(name, paused)
+            return f"{what} {name}", lambda: capacity.set_paused(name, paused)
         value: Any
         if what == "slots":
             value = rng.choice([1, 2, 3, 4])
@@ -404,7 +404,7 @@ class Run:
             value = rng.choice(["queue", "reject"])
 
         def change() -> None:
-            definitions.update_pool(name, **{what: value})
+            pool_crud.update_pool(name, **{what: value})
 
         return f"{name}.{what}={value}", change
 

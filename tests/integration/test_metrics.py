@@ -10,7 +10,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from pools import metrics
-from pools.core import admission, budgets, definitions
+from pools.core import admission, budgets, capacity
 from pools.models import QueueEntry
 from tests.bridge import RecordingBridge
 from tests.conftest import IN_CI
@@ -29,7 +29,7 @@ def _scenario() -> None:
     submit("m", 1, key="w2")
     submit("m", 1, key="w3", queue_timeout=0.001)
     admission.cancel("w1")
-    definitions.set_paused("m", True)  # nothing is admitted again below
+    capacity.set_paused("m", True)  # nothing is admitted again below
     big = QueueEntry.objects.get(key="big")
     admission.requeue(big.queue_id, big.token, reason="lease lapsed", admit=False)
     # big is back in line; w2 waits; w3 expires.

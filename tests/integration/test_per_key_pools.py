@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 from pytest_django import Settings
 
-from pools.core import admission, definitions, sweeps
+from pools.core import admission, definitions, per_key, pool_crud, sweeps
 from pools.exceptions import PoolConfigurationError, PoolKeyError
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
 from tests.bridge import RecordingBridge
@@ -133,7 +133,7 @@ def test_retirement__idle_per_key_pools_are_deleted_by_the_sweep(
     tenant_job.delay("busy")
     now = timezone.now()
     # Not idle long enough yet: nothing is retired.
-    assert definitions.retire_idle(now + timedelta(seconds=30)) == []
+    assert per_key.retire_idle(now + timedelta(seconds=30)) == []
     report = sweeps.sweep(now + timedelta(seconds=61))
     assert report.retired == ("tenant:idle",)
     left = set(Pool.objects.values_list("name", flat=True))
@@ -152,8 +152,8 @@ def test_retirement__a_pool_used_after_the_cutoff_is_kept(templates: RecordingBr
     pool = Pool.objects.get(name="tenant:recent")
     Pool.objects.filter(pk=pool.pk).update(created_at=timezone.now() - timedelta(hours=3))
     # Created long ago, but its entry finished within the idle timeout: kept.
-    assert definitions.retire_idle(timezone.now() + timedelta(seconds=10)) == []
-    assert definitions.retire_idle(timezone.now() + timedelta(hours=2)) == ["tenant:recent"]
+    assert per_key.retire_idle(timezone.now() + timedelta(seconds=10)) == []
+    assert per_key.retire_idle(timezone.now() + timedelta(hours=2)) == ["tenant:recent"]
 
 
 def test_submit_after_retirement_between_check_and_enqueue__recreates_the_pool(
@@ -162,17 +162,17 @@ def test_submit_after_retirement_between_check_and_enqueue__recreates_the_pool(
     """The sweep may delete an idle pool after the submit found it and before it locks it."""
     tenant_job.delay("race")
     _finish_all()
-    real_ensure = definitions.ensure_pool
+    real_ensure = per_key.ensure_pool
     calls: list[str] = []
 
     def ensure_then_retire(name: str, pattern: str) -> Pool:
         pool = real_ensure(name, pattern)
         if not calls:
-            definitions.delete_pool(name)
+            pool_crud.delete_pool(name)
         calls.append(name)
         return pool
 
-    monkeypatch.setattr(definitions, "ensure_pool", ensure_then_retire)
+    monkeypatch.setattr(definitions, "ensure_pool", ensure_then_retire)  # the gate reads it there
     result = tenant_job.delay("race")
     assert _state(result) == "admitted" and len(calls) == 2
 
@@ -191,7 +191,7 @@ def test_concurrent_first_use__creates_one_pool(templates: RecordingBridge) -> N
     def first_use() -> None:
         try:
             barrier.wait()
-            pks.append(definitions.ensure_pool("tenant:race", "tenant:{tenant_id}").pk)
+            pks.append(per_key.ensure_pool("tenant:race", "tenant:{tenant_id}").pk)
         except BaseException as exc:  # reported below
             errors.append(exc)
         finally:

@@ -11,7 +11,17 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from pools.core import admission, definitions, explain, leases, nodes, snapshots, sweeps
+from pools.core import (
+    admission,
+    capacity,
+    explain,
+    leases,
+    nodes,
+    pool_crud,
+    settings_sync,
+    snapshots,
+    sweeps,
+)
 from pools.exceptions import PoolDraining, PoolFull, PoolPaused
 from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry, WorkerNode
 from tests.bridge import RecordingBridge
@@ -146,7 +156,7 @@ def test_drain__decrease_keeps_the_old_capacity_until_the_line_is_empty(
     make_pool("p", 2)
     for key in ("r1", "r2", "w1", "w2"):
         submit("p", key=key)
-    definitions.update_pool("p", slots=1)
+    pool_crud.update_pool("p", slots=1)
     pool = Pool.objects.get(name="p")
     assert (pool.slots, pool.pending_slots) == (2, 1)
     snap = snapshots.snapshot("p")
@@ -176,7 +186,7 @@ def test_drain__increase_with_entries_in_flight_waits_for_the_old_queue(
     make_pool("p", 1)
     for key in ("r1", "w1", "w2"):
         submit("p", key=key)
-    definitions.update_pool("p", slots=3)
+    pool_crud.update_pool("p", slots=3)
     assert snapshots.snapshot("p").capacity == 1
     assert finish(recorder, "r1")
     assert recorder.keys() == ["r1", "w1"]  # one at a time: the old capacity
@@ -192,11 +202,11 @@ def test_drain__no_waiting_entry_takes_effect_at_once_and_cancel_ends_a_drain(
 ) -> None:
     make_pool("p", 1)
     submit("p", key="run")
-    definitions.update_pool("p", slots=2)  # nothing waits: now
+    pool_crud.update_pool("p", slots=2)  # nothing waits: now
     assert Pool.objects.get(name="p").slots == 2
     submit("p", key="r2")
     submit("p", key="w")
-    definitions.update_pool("p", slots=4)
+    pool_crud.update_pool("p", slots=4)
     assert Pool.objects.get(name="p").pending_slots == 4
     admission.cancel("w")  # the line empties in the cancel's transaction
     pool = Pool.objects.get(name="p")
@@ -205,15 +215,15 @@ def test_drain__no_waiting_entry_takes_effect_at_once_and_cancel_ends_a_drain(
 
 def test_drain__settings_sync_drains_and_reports(recorder: RecordingBridge) -> None:
     with defined({"p": {"slots": 1}}):
-        definitions.sync()
+        settings_sync.sync()
         submit("p", key="run")
         submit("p", key="w")
     with defined({"p": {"slots": 5}}):
-        report = definitions.sync()
+        report = settings_sync.sync()
         assert report.draining == ["p"]
-        progress = definitions.drain_progress("p")
+        progress = capacity.drain_progress("p")
         assert (progress.capacity, progress.slots, progress.left) == (1, 5, 1)
-        assert definitions.sync().unchanged == ["p"]  # the pending capacity is the configured one
+        assert settings_sync.sync().unchanged == ["p"]  # the pending capacity is the configured one
 
 
 # --------------------------------------------------------------------------- pause
@@ -223,20 +233,20 @@ def test_pause__queue_policy_keeps_entries_in_place_until_resumed(
     recorder: RecordingBridge,
 ) -> None:
     make_pool("p", 2)
-    definitions.set_paused("p", True)
+    capacity.set_paused("p", True)
     assert not submit("p", key="a").admitted
     assert not submit("p", key="b").admitted
-    definitions.set_paused("p", False)
+    capacity.set_paused("p", False)
     assert recorder.keys() == ["a", "b"]
 
 
 def test_pause__reject_policy_refuses_new_submits(recorder: RecordingBridge) -> None:
     make_pool("p", 2, paused_policy="reject")
-    definitions.set_paused("p", True)
+    capacity.set_paused("p", True)
     with pytest.raises(PoolPaused, match="paused and refuses new entries"):
         submit("p", key="a")
     assert not QueueEntry.objects.exists()
-    definitions.set_paused("p", False)
+    capacity.set_paused("p", False)
     assert submit("p", key="b").admitted
 
 
@@ -278,11 +288,11 @@ def test_retire__a_pool_removed_from_settings_is_deleted_once_empty(
     recorder: RecordingBridge,
 ) -> None:
     with defined({"old": {"slots": 1}, "idle": {"slots": 1}}):
-        definitions.sync()
+        settings_sync.sync()
         submit("old", key="run")
         submit("old", key="w")
     with defined({}):
-        report = definitions.sync()
+        report = settings_sync.sync()
         assert report.retiring == {"old": 2} and report.deleted == ["idle"]
         assert Pool.objects.get(name="old").retiring
         assert sweeps.sweep().retired == ()
@@ -303,7 +313,7 @@ def test_command__drain_pause_resume_and_sync_report(
     submit("p", key="w")
     call_command("pools", "drain", "p")
     assert "p: not draining; capacity 1, 1 held, 1 waiting" in capsys.readouterr().out
-    definitions.update_pool("p", slots=2)
+    pool_crud.update_pool("p", slots=2)
     call_command("pools", "drain", "p")
     out = capsys.readouterr().out
     assert "draining from 1 to 2 slot(s): 1 entry queued before the change left" in out
@@ -316,7 +326,7 @@ def test_command__drain_pause_resume_and_sync_report(
     with pytest.raises(CommandError, match="does not exist"):
         call_command("pools", "pause", "nope")
     with defined({"gone": {"slots": 1}}):
-        definitions.sync()
+        settings_sync.sync()
         submit("gone", key="g")
     with defined({}):
         call_command("pools", "sync")

@@ -15,7 +15,7 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-from pools.core import admission, definitions, explain, rates
+from pools.core import admission, explain, per_key, pool_crud, rates, settings_sync
 from pools.core.records import Submission
 from pools.models import EntryState, Pool, QueueEntry, RateMark
 from pools.specs import PoolSpec
@@ -229,11 +229,11 @@ def test_rates__changing_the_rates_resets_the_windows(recorder: RecordingBridge)
     submit("p", key="b")
     assert state("b") == EntryState.WAITING
     before = RateMark.objects.get(pool__name="p").at
-    definitions.update_pool("p", rate="1/h")
+    pool_crud.update_pool("p", rate="1/h")
     assert state("b") == EntryState.ADMITTED  # a new, empty window (a's start forgotten)
     (mark,) = RateMark.objects.filter(pool__name="p")
     assert mark.at > before  # b's
-    definitions.update_pool("p", rate="")
+    pool_crud.update_pool("p", rate="")
     submit("p", key="c")
     assert state("c") == EntryState.ADMITTED
 
@@ -246,7 +246,7 @@ def test_rates__rate_only_pool_from_settings(recorder: RecordingBridge, settings
             "both": {"slots": 4, "rate": "100/m"},
         },
     }
-    definitions.sync()
+    settings_sync.sync()
     api = Pool.objects.get(name="api")
     assert (api.slots, api.rate) == (rates.UNLIMITED_SLOTS, "10/s,100000/d")
     both = Pool.objects.get(name="both")
@@ -258,7 +258,7 @@ def test_rates__rate_only_pool_from_settings(recorder: RecordingBridge, settings
         **settings.POOLS,
         "DEFINITIONS": {"api": {"rate": "5/s"}, "both": {"slots": 4}},
     }
-    definitions.sync()
+    settings_sync.sync()
     assert Pool.objects.get(name="api").rate == "5/s"
     assert not RateMark.objects.filter(pool=api).exists()
     assert Pool.objects.get(name="both").rate == ""
@@ -269,7 +269,7 @@ def test_rates__per_key_pools_take_their_template_rate(
     settings: Any,
 ) -> None:
     settings.POOLS = {**settings.POOLS, "TEMPLATES": {"tenant:{tenant_id}": {"rate": "2/m"}}}
-    pool = definitions.ensure_pool("tenant:7", "tenant:{tenant_id}")
+    pool = per_key.ensure_pool("tenant:7", "tenant:{tenant_id}")
     assert (pool.slots, pool.rate) == (rates.UNLIMITED_SLOTS, "2/m")
     for key in "abc":
         submit("tenant:7", key=key)
@@ -278,7 +278,7 @@ def test_rates__per_key_pools_take_their_template_rate(
         **settings.POOLS,
         "TEMPLATES": {"tenant:{tenant_id}": {"slots": 3, "rate": "10/s"}},
     }
-    pool = definitions.ensure_pool("tenant:8", "tenant:{tenant_id}")
+    pool = per_key.ensure_pool("tenant:8", "tenant:{tenant_id}")
     assert (pool.slots, pool.rate) == (3, "10/s")
 
 

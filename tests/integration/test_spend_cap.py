@@ -7,7 +7,8 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from pools.core import admission, definitions, explain, spendcap
+from pools import pool_fields
+from pools.core import admission, capacity, declarations, explain, pool_crud, spendcap
 from pools.exceptions import PoolConfigurationError
 from pools.models import EntryState, Pool, QueueEntry
 from pools.testing import spend_clock
@@ -110,17 +111,17 @@ def test_spend_cap__multi_pool_entry_waits_for_its_capped_pool(recorder: Recordi
 @pytest.mark.parametrize("bad", [0, -5, "8h", True])
 def test_spend_cap__bad_values_are_refused(bad: object) -> None:
     with pytest.raises(PoolConfigurationError, match="positive number of slot-seconds"):
-        definitions.parse("p", {"slots": 1, "spend_cap": bad})
+        declarations.parse("p", {"slots": 1, "spend_cap": bad})
     with pytest.raises(PoolConfigurationError) as info:
-        definitions.validate_fields({"spend_cap": bad})
+        pool_fields.check_fields({"spend_cap": bad})
     assert info.value.field == "spend_cap"
 
 
 def test_spend_cap__from_settings() -> None:
-    assert definitions.parse("p", {"slots": 1, "spend_cap": 3600}).spend_cap == 3600.0
-    assert definitions.parse("p", {"slots": 1}).spend_cap is None
+    assert declarations.parse("p", {"slots": 1, "spend_cap": 3600}).spend_cap == 3600.0
+    assert declarations.parse("p", {"slots": 1}).spend_cap is None
     pool = make_pool("q", 1)
-    definitions.update_pool("q", spend_cap=7200)
+    pool_crud.update_pool("q", spend_cap=7200)
     pool.refresh_from_db()
     assert pool.spend_cap == 7200
 
@@ -132,6 +133,6 @@ def test_spend_cap__a_paused_pool_still_counts_what_its_holders_spend(
     slot-seconds (on the fast path the function hands capped pools to Python, paused or not)."""
     make_pool("p", 2, spend_cap=100)
     submit("p", 2, key="a")
-    definitions.set_paused("p", True)
+    capacity.set_paused("p", True)
     assert admission.settle(*held_for("a", 5), EntryState.SUCCEEDED)
     assert Pool.objects.get(name="p").spent_today == pytest.approx(10, abs=1)

@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from pools.core import admission, definitions, explain, strategies
+from pools.core import admission, explain, per_key, pool_crud, settings_sync, strategies
 from pools.exceptions import PoolConfigurationError
 from pools.models import Demand, EntryState, Pool, QueueEntry
 from tests.bridge import RecordingBridge
@@ -199,9 +199,9 @@ def test_strategy_change__reorders_the_waiting_entries(
     make_pool("p", 1)
     submit("p", key="holder")
     line(clock, "p", ITEMS)
-    definitions.update_pool("p", strategy="lifo")
+    pool_crud.update_pool("p", strategy="lifo")
     assert drain(recorder, "holder", 2) == ["e5", "e4"]
-    definitions.update_pool("p", strategy="fair")
+    pool_crud.update_pool("p", strategy="fair")
     # e1, e3 are round 1 (A, B), e2 round 2 (A): by rounds, then enqueue time.
     assert drain(recorder, "e4", 3) == ["e1", "e3", "e2"]
 
@@ -209,11 +209,11 @@ def test_strategy_change__reorders_the_waiting_entries(
 def test_aging__needs_strategy_priority() -> None:
     make_pool("p", 1, strategy="fifo")
     with pytest.raises(PoolConfigurationError, match="aging_seconds applies to strategy"):
-        definitions.update_pool("p", aging_seconds=10)
+        pool_crud.update_pool("p", aging_seconds=10)
     with pytest.raises(PoolConfigurationError, match="must be one of"):
-        definitions.update_pool("p", strategy="random")
+        pool_crud.update_pool("p", strategy="random")
     with pytest.raises(PoolConfigurationError, match="aging_seconds must be a positive"):
-        definitions.update_pool("p", strategy="priority", aging_seconds=0)
+        pool_crud.update_pool("p", strategy="priority", aging_seconds=0)
 
 
 def test_settings__strategy_and_aging_sync_from_definitions(recorder: RecordingBridge) -> None:
@@ -222,14 +222,14 @@ def test_settings__strategy_and_aging_sync_from_definitions(recorder: RecordingB
         "aged": {"slots": 1, "aging_seconds": 30},
     }
     with override_settings(POOLS={**settings.POOLS, "DEFINITIONS": pools}):
-        definitions.sync()
+        settings_sync.sync()
         assert Pool.objects.get(name="fair-pool").strategy == "fair"
         aged = Pool.objects.get(name="aged")
         assert (aged.strategy, aged.aging_seconds) == ("priority", 30)
     bad = {"x": {"slots": 1, "strategy": "lifo", "aging_seconds": 5}}
     with override_settings(POOLS={**settings.POOLS, "DEFINITIONS": bad}):
         with pytest.raises(PoolConfigurationError, match=r"POOLS\['DEFINITIONS'\]\['x'\]"):
-            definitions.sync()
+            settings_sync.sync()
 
 
 # --------------------------------------------------------------------------- aging bound
@@ -309,5 +309,5 @@ def test_command__list_and_inspect_show_strategy_and_keys(recorder: RecordingBri
 def test_templates__per_key_pools_take_the_template_strategy(recorder: RecordingBridge) -> None:
     templates = {"tenant:{tenant_id}": {"slots": 1, "strategy": "fair"}}
     with override_settings(POOLS={**settings.POOLS, "TEMPLATES": templates}):
-        pool = definitions.ensure_pool("tenant:acme", "tenant:{tenant_id}")
+        pool = per_key.ensure_pool("tenant:acme", "tenant:{tenant_id}")
     assert (pool.strategy, pool.aging_seconds) == ("fair", None)

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from pools.core import definitions, rates
+from pools import pool_fields
+from pools.core import declarations, rates
 from pools.core.rates import Rate, parse_rates
 from pools.exceptions import PoolConfigurationError
 from pools.specs import PoolSpec
@@ -74,31 +75,31 @@ def test_parse_rates__refuses_with_the_fix(value: Any, message: str) -> None:
 
 
 def test_definitions__rate_key_in_settings() -> None:
-    d = definitions.parse("x", {"slots": 4, "rate": "100/m"})
+    d = declarations.parse("x", {"slots": 4, "rate": "100/m"})
     assert (d.slots, d.rate) == (4, "100/m")
-    d = definitions.parse("x", {"rate": ["10/s", "100000/d"]})
+    d = declarations.parse("x", {"rate": ["10/s", "100000/d"]})
     assert (d.slots, d.rate) == (rates.UNLIMITED_SLOTS, "10/s,100000/d")
-    assert definitions.parse("x", {"slots": 1}).rate == ""
+    assert declarations.parse("x", {"slots": 1}).rate == ""
     with pytest.raises(PoolConfigurationError) as info:
-        definitions.parse("x", {"slots": 1, "rate": "10/x"})
+        declarations.parse("x", {"slots": 1, "rate": "10/x"})
     assert str(info.value) == (
         "POOLS['DEFINITIONS']['x']['rate']: '10/x' is not a rate; use N/s, N/m, N/h or N/d "
         "(e.g. '100/m')."
     )
     with pytest.raises(PoolConfigurationError, match="or a 'rate' alone"):
-        definitions.parse("x", {})
+        declarations.parse("x", {})
 
 
 def test_definitions__rate_key_in_templates_and_fields() -> None:
-    t = definitions.parse_template("tenant:{tenant_id}", {"rate": "5/s"})
+    t = declarations.parse_template("tenant:{tenant_id}", {"rate": "5/s"})
     assert (t.slots, t.rate) == (rates.UNLIMITED_SLOTS, "5/s")
-    t = definitions.parse_template("tenant:{tenant_id}", {"slots": 2, "rate": ["5/s", "60/m"]})
+    t = declarations.parse_template("tenant:{tenant_id}", {"slots": 2, "rate": ["5/s", "60/m"]})
     assert (t.slots, t.rate) == (2, "5/s,60/m")
     with pytest.raises(PoolConfigurationError, match=r"\['rate'\]: '5/y' is not a rate"):
-        definitions.parse_template("tenant:{tenant_id}", {"rate": "5/y"})
-    assert definitions.validate_fields({"rate": ["1/s"]}) == {"rate": "1/s"}
+        declarations.parse_template("tenant:{tenant_id}", {"rate": "5/y"})
+    assert pool_fields.check_fields({"rate": ["1/s"]}) == {"rate": "1/s"}
     with pytest.raises(PoolConfigurationError) as info:
-        definitions.validate_fields({"rate": "1/y"})
+        pool_fields.check_fields({"rate": "1/y"})
     assert info.value.field == "rate"
 
 

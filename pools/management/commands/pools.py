@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pools import __version__
-from pools.core import admission, definitions, rates, snapshots, sweeps
+from pools.core import admission, capacity, rates, settings_sync, snapshots, sweeps
 from pools.core.snapshots import PoolSnapshot
 from pools.exceptions import PoolError
 
@@ -153,7 +153,7 @@ class Command(BaseCommand):
             )
 
     def do_sync(self, **options: Any) -> None:
-        report = definitions.sync()
+        report = settings_sync.sync()
         self.stdout.write(
             f"created: {', '.join(report.created) or '-'}; updated: "
             f"{', '.join(report.updated) or '-'}; unchanged: {', '.join(report.unchanged) or '-'}"
@@ -172,7 +172,7 @@ class Command(BaseCommand):
             )
 
     def do_drain(self, name: str, **options: Any) -> None:
-        d = definitions.drain_progress(name)
+        d = capacity.drain_progress(name)
         if not d.draining:
             self.stdout.write(
                 f"{name}: not draining; capacity {d.capacity}, {d.held} held, {d.left} waiting"
@@ -185,11 +185,11 @@ class Command(BaseCommand):
         )
 
     def do_pause(self, name: str, **options: Any) -> None:
-        changed = definitions.set_paused(name, True)
+        changed = capacity.set_paused(name, True)
         self.stdout.write(f"paused {name}" if changed else f"{name} was already paused")
 
     def do_resume(self, name: str, **options: Any) -> None:
-        changed = definitions.set_paused(name, False)
+        changed = capacity.set_paused(name, False)
         self.stdout.write(f"resumed {name}" if changed else f"{name} was not paused")
 
     def do_sweep(self, **options: Any) -> None:
