@@ -9,6 +9,7 @@ default 127.0.0.1:3306 root without password; database ``POOLS_MYSQL_NAME``, tes
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -100,7 +101,13 @@ elif DB_KIND == "mysql":
         }
     }
 else:
-    _dir = os.environ.get("POOLS_SQLITE_DIR") or tempfile.gettempdir()
+    # One directory per checkout: two checkouts testing at once (a CI clone beside a work
+    # tree) must not share a test database file.
+    _checkout = hashlib.sha256(os.path.dirname(os.path.abspath(__file__)).encode()).hexdigest()
+    _dir = os.environ.get("POOLS_SQLITE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"pools-tests-{_checkout[:10]}"
+    )
+    os.makedirs(_dir, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
