@@ -21,7 +21,7 @@ import pools
 from demo import tasks
 
 #: Waiting entries the trickle keeps in each named pool's line.
-TARGETS = {"warehouse": 3, "partner-api": 2, "reports": 2}
+TARGETS = {"warehouse": 3, "partner-api": 2, "reports": 3}
 #: Tasks of the workflow run, and how many of them may be admitted at once.
 RUN_SIZE = 6
 RUN_CAP = 2
@@ -63,11 +63,12 @@ def _warehouse_calls() -> Iterator[Call]:
 
 
 def _report_calls() -> Iterator[Call]:
-    """Reports: plain, urgent (priority 20), and one due in 20 s (``countdown``)."""
+    """Reports: plain, urgent (priority 20), and one due in 10 s (``countdown``)."""
     for i in itertools.count():
         yield (tasks.render_report, (i,), {})
         yield (tasks.render_report, (i,), URGENT)
-        yield (tasks.render_report, (i,), {"countdown": 20})
+        yield (tasks.render_report, (i,), {})
+        yield (tasks.render_report, (i,), {"countdown": 10})
 
 
 def start_run(n: int) -> str:
