@@ -355,7 +355,7 @@ def sample_line(elapsed: float, snaps: list[PoolSnapshot]) -> str:
     for snap in snaps:
         if snap.name.startswith("run-cap:") and not (snap.held or snap.waiting):
             continue  # a finished run's cap, until the sweep retires it
-        name = snap.name if len(snap.name) <= 16 else snap.name[:16] + "…"
+        name = snap.name if len(snap.name) <= 24 else snap.name[:24] + "…"
         parts.append(f"{name} {snap.held}/{snap.slots} held {snap.waiting} waiting")
     return f"  [{elapsed:4.0f} s] " + " | ".join(parts)
 

@@ -80,7 +80,7 @@ def start_run(n: int) -> str:
         for i in range(RUN_SIZE)
     ]
     workflow = chain(tasks.load_table.si(f"n{n}_staging"), chord(header, tasks.summarize.s(n)))
-    root_id = uuid()
+    root_id = f"nightly-{n + 1}-{uuid()[:6]}"  # a short, readable run id (any string does)
     pools.limit_run(workflow, max_running=RUN_CAP, root_id=root_id)
     return root_id
 
