@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from demo import traffic
+
     from pools.core.snapshots import PoolSnapshot
 
 HERE = Path(__file__).resolve().parent
@@ -30,9 +32,6 @@ sys.path.insert(0, str(HERE))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
 
 from pools.celery import processes  # noqa: E402  (imports neither Django nor Celery)
-
-if TYPE_CHECKING:
-    from demo import traffic
 
 USERNAME = PASSWORD = "demo"
 CONCURRENCY = 8  # prefork processes of the demo worker (the bodies only sleep)
