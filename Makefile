@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo dist test test-lowest test-sqlite test-postgres test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client pgbouncer test-pgbouncer lint docs services clean
+.PHONY: install demo screenshots dist test test-lowest test-sqlite test-postgres test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client pgbouncer test-pgbouncer lint docs services clean
 
 $(STAMP): pyproject.toml | mysql-client
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -177,6 +177,12 @@ browsers:
 	@test -x /usr/bin/chromium || ($(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver)
 	@test -x /usr/bin/chromium || (echo "chromium is missing: apt-get install chromium" && exit 1)
+
+# The docs' screenshots (docs/img/: the card, a run panel, a pool page, an entry's "why"),
+# taken from the running demo (SQLite + embedded transport in a temporary directory, no
+# servers) with headless Chromium once its trickle shows contention; ~1.5 min.
+screenshots: install browsers
+	$(BIN)/python -m tests.browser.demo_screenshots
 
 # Headless Chromium against the admin: real PostgreSQL, Redis and Celery workers (~1 min).
 test-browser: install services browsers

@@ -3,10 +3,11 @@
 
 Migrates, creates a demo superuser, starts a Celery prefork worker and the
 Django development server, submits a burst of pooled tasks that contend for
-their pools, prints the pools live until the burst has drained, then keeps the
-worker and server running until Ctrl-C.
+their pools and prints the pools live until the burst has drained. Then a steady
+trickle of calls (and one workflow run with a run cap at a time) keeps the pools
+contended until Ctrl-C, or for ``--seconds N``, after which the demo drains and exits.
 
-    .venv/bin/python example_project/run_demo.py [--tasks N] [--no-serve]
+    .venv/bin/python example_project/run_demo.py [--tasks N] [--seconds N] [--no-serve]
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from demo import traffic
+
     from pools.core.snapshots import PoolSnapshot
 
 HERE = Path(__file__).resolve().parent
@@ -31,10 +34,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
 from pools.celery import processes  # noqa: E402  (imports neither Django nor Celery)
 
 USERNAME = PASSWORD = "demo"
-CONCURRENCY = 4  # prefork processes of the demo worker
+CONCURRENCY = 8  # prefork processes of the demo worker (the bodies only sleep)
 #: A warm shutdown may take this long before the worker's process group is killed.
 STOP_TIMEOUT = 20.0
-TICK = 0.5  # seconds between two live summaries
+TICK = 0.5  # seconds between two live summaries, and between two trickle steps
+SAMPLE_EVERY = 5.0  # seconds between two summary lines during the trickle
 TERMINAL = ("succeeded", "failed", "cancelled", "expired", "rejected", "superseded", "retried")
 
 
@@ -51,7 +55,16 @@ def _on_signal(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=30, help="tasks in the burst (default 30)")
-    parser.add_argument("--no-serve", action="store_true", help="exit once the burst has drained")
+    parser.add_argument(
+        "--no-serve", action="store_true", help="no web server; exit once the work has drained"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="trickle for this long, then drain and exit (default: until Ctrl-C; "
+        "with --no-serve and no --seconds, no trickle)",
+    )
     parser.add_argument("--timeout", type=float, default=None, help="give up draining after (s)")
     args = parser.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
@@ -91,22 +104,35 @@ def main(argv: list[str] | None = None) -> int:
         keys = submit(args.tasks)
         drained = watch(keys, timeout=args.timeout or 60 + args.tasks)
         check_worker_log(var / "worker.log")
-        if args.no_serve:
+        if args.no_serve and args.seconds is None:
             return 0 if drained else 1
 
-        print(f"\nAdmin:    {admin_url}  (login {USERNAME} / {PASSWORD})")
+        from demo import traffic
+
+        trickle = traffic.Trickle()
+        trickle.tick(waiting_counts())  # the first workflow run: its panel is printed below
+        if admin_url:
+            print(f"\nAdmin:    {admin_url}  (login {USERNAME} / {PASSWORD})")
+            print(
+                "          Resource pools, queue entries and the event log are under "
+                "'Resource pools'."
+            )
+            for label, url in surface_urls(admin_url, trickle.runs[0]):
+                print(f"{label + ':':<10}{url}")
+            print("Docs:     docs/ in the repository (make docs builds them into .site/)")
+            print(f"Logs:     {var / 'worker.log'}, {var / 'server.log'}")
+        until = "until Ctrl-C" if args.seconds is None else f"for {args.seconds:.0f} s"
         print(
-            "          Resource pools, queue entries and the event log are under 'Resource pools'."
+            f"\nTrickle:  calls keep coming {until}, a workflow run (run cap "
+            f"{traffic.RUN_CAP}) at a time; a line every {SAMPLE_EVERY:.0f} s:"
         )
-        for label, url in surface_urls(admin_url, keys):
-            print(f"{label + ':':<10}{url}")
-        print("Docs:     docs/ in the repository (make docs builds them into .site/)")
-        print(f"Logs:     {var / 'worker.log'}, {var / 'server.log'}")
-        print("The worker and the server keep running; press Ctrl-C to stop them.")
-        while all(child.alive() for child in children):
-            time.sleep(0.5)
-        print("A child process exited unexpectedly; see the logs above.", file=sys.stderr)
-        return 1
+        if not run_trickle(trickle, children, args.seconds):
+            print("A child process exited unexpectedly; see the logs above.", file=sys.stderr)
+            return 1
+        print(f"\nTrickle stopped: {trickle.summary()}. Draining ...")
+        drained = drain(trickle, timeout=args.timeout or 120)
+        check_worker_log(var / "worker.log")
+        return 0 if drained else 1
     except Stop:
         print(
             "\nStopping the worker (warm shutdown: running tasks finish first) and the server;"
@@ -204,28 +230,16 @@ def wait_for_worker(worker: processes.Process, timeout: float = 60) -> None:
 
 def submit(count: int) -> list[str]:
     """Submit ``count`` pooled tasks in a mix that makes the pools contend."""
-    from demo import tasks
+    from demo import traffic
 
-    urgent = {"pool_options": {"priority": 20}}  # a per-call priority: ahead of other reports
-    plan = [  # (task, args of call i, apply_async options)
-        (tasks.load_table, lambda i: (f"table_{i}",), {}),
-        (tasks.render_report, lambda i: (i,), {}),
-        (tasks.sync_partner, lambda i: (1000 + i,), {}),
-        (tasks.export, lambda i: (f"2025-01-{i % 28 + 1:02d}",), {}),
-        (tasks.load_table, lambda i: (f"table_{i}",), {}),
-        (tasks.render_report, lambda i: (i,), urgent),
-    ]
     started = time.monotonic()
-    results, mix = [], Counter()
-    for i in range(count):
-        task, args, options = plan[i % len(plan)]
-        results.append(task.apply_async(args(i), **options))
-        mix[task.__name__] += 1
+    mix: Counter[str] = Counter()
+    keys = traffic.send(traffic.burst_plan(count), mix)
     print(
         f"\nSubmitted {count} tasks in {time.monotonic() - started:.2f} s: "
         + ", ".join(f"{n} {name}" for name, n in sorted(mix.items()))
     )
-    return [r.id for r in results]
+    return keys
 
 
 def watch(keys: list[str], timeout: float) -> bool:
@@ -269,14 +283,80 @@ def watch(keys: list[str], timeout: float) -> bool:
     return states["succeeded"] == len(keys) and stored == len(keys)
 
 
-def surface_urls(admin_url: str, keys: list[str]) -> list[tuple[str, str]]:
-    """The operator's pages: the card, a run panel (of the burst's first task), the API."""
+def surface_urls(admin_url: str, root_id: str) -> list[tuple[str, str]]:
+    """The operator's pages: the card, a workflow run's panel, a pool's page, the API."""
     site = admin_url.removesuffix("admin/")
     return [
         ("Card", f"{admin_url}  (the Resource pools card, top of the admin index)"),
-        ("Run", f"{admin_url}pools/queueentry/run/{keys[0]}/  (run panel of the first task)"),
+        ("Run", f"{admin_url}pools/queueentry/run/{root_id}/  (a workflow run, capped)"),
+        ("Pool", f"{admin_url}pools/pool/occupancy/warehouse/  (a pool's timeline)"),
         ("API", f"{site}api/pools/  (REST, same login; OpenAPI UI at {site}api/docs/)"),
     ]
+
+
+def waiting_counts() -> dict[str, int]:
+    """Each pool's waiting count now."""
+    from pools.core.snapshots import snapshot_all
+
+    return {snap.name: snap.waiting for snap in snapshot_all()}
+
+
+def run_trickle(
+    trickle: traffic.Trickle, children: list[processes.Process], seconds: float | None
+) -> bool:
+    """Feed the pools every TICK, print a summary line every SAMPLE_EVERY seconds; False
+    when a child process died."""
+    from pools.core.snapshots import snapshot_all
+
+    started = time.monotonic()
+    next_sample = started
+    while seconds is None or time.monotonic() - started < seconds:
+        if not all(child.alive() for child in children):
+            return False
+        snaps = snapshot_all()
+        trickle.tick({snap.name: snap.waiting for snap in snaps})
+        if time.monotonic() >= next_sample:
+            next_sample += SAMPLE_EVERY
+            print(sample_line(time.monotonic() - started, snaps))
+        time.sleep(TICK)
+    return True
+
+
+def drain(trickle: traffic.Trickle, timeout: float) -> bool:
+    """Wait until the trickle's calls and every task of its runs have finished; True when
+    all of them succeeded."""
+    from django.db.models import Q
+
+    from pools.models import TERMINAL_STATES, QueueEntry
+
+    started = time.monotonic()
+    ours = Q(key__in=trickle.keys) | Q(root_id__in=trickle.runs)
+    while True:
+        states = Counter(QueueEntry.objects.filter(ours).values_list("state", flat=True))
+        unfinished = sum(n for state, n in states.items() if state not in TERMINAL_STATES)
+        if not unfinished and all(trickle.run_done(root) for root in trickle.runs):
+            break
+        if time.monotonic() - started > timeout:
+            print(f"Gave up after {timeout:.0f} s: {unfinished} entries unfinished.")
+            return False
+        time.sleep(TICK)
+    other = sum(states.values()) - states["succeeded"] - states["failed"]
+    print(
+        f"Trickle drained in {time.monotonic() - started:.1f} s: {states['succeeded']} "
+        f"succeeded, {states['failed']} failed, {other} other."
+    )
+    return states["succeeded"] == sum(states.values())
+
+
+def sample_line(elapsed: float, snaps: list[PoolSnapshot]) -> str:
+    """``[ 10 s] warehouse 4/4 held 3 waiting | ...``: one line for every pool in use."""
+    parts = []
+    for snap in snaps:
+        if snap.name.startswith("run-cap:") and not (snap.held or snap.waiting):
+            continue  # a finished run's cap, until the sweep retires it
+        name = snap.name if len(snap.name) <= 24 else snap.name[:24] + "…"
+        parts.append(f"{name} {snap.held}/{snap.slots} held {snap.waiting} waiting")
+    return f"  [{elapsed:4.0f} s] " + " | ".join(parts)
 
 
 def describe_head(snap: PoolSnapshot) -> str:

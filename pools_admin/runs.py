@@ -107,25 +107,40 @@ class RunPanel:
         return len(self.active) + len(self.finished)
 
 
-#: The run panel's extra window: from the run's first admission to now.
+#: The run panel's extra window: the run's own span (its first admission to its last
+#: release, or to now while any of it is waiting or held).
 FIT = "run"
 #: Shortest span the "run" window shows.
 MIN_FIT = timedelta(seconds=10)
 
 
-def window_of(value: str | None, *, allow_fit: bool = False) -> str:
-    """A known window name (``?window=``), the default for anything else."""
+def window_of(value: str | None, *, allow_fit: bool = False, default: str | None = None) -> str:
+    """A known window name (``?window=``), ``default`` (or the default window) otherwise."""
     if value in timeline.WINDOWS or (allow_fit and value == FIT):
         return str(value)
-    return timeline.DEFAULT_WINDOW
+    return default or timeline.DEFAULT_WINDOW
 
 
-def fit_start(entries: list[QueueEntry], now: datetime) -> datetime:
-    """Start of the "run" window: the run's first admission (or enqueue), with a margin."""
-    times = [e.admitted_at or e.enqueued_at for e in entries]
-    first = min(times, default=now - MIN_FIT)
-    span = max(now - first, MIN_FIT)
-    return now - span * 1.05
+def fit_span(entries: list[QueueEntry], now: datetime) -> tuple[datetime, datetime]:
+    """The "run" window: from the run's first admission (or enqueue) to now, or to its last
+    release once every task has finished; at least :data:`MIN_FIT`, with a small margin."""
+    if not entries:
+        return now - MIN_FIT, now
+    first = min(e.admitted_at or e.enqueued_at for e in entries)
+    finished = all(e.state in TERMINAL_STATES for e in entries)
+    last = max(e.finished_at or now for e in entries) if finished else now
+    span = max(last - first, MIN_FIT)
+    margin = span * 0.025
+    return last - span - margin, min(last + margin, now)
+
+
+def default_window(entries: list[QueueEntry], now: datetime) -> str:
+    """The run panel's window when none is asked for: the run's own span, so a run of a few
+    seconds fills the picture, except for a run still going after longer than the default
+    window, which shows its recent activity."""
+    start, end = fit_span(entries, now)
+    long = end - start > timeline.WINDOWS[timeline.DEFAULT_WINDOW]
+    return timeline.DEFAULT_WINDOW if long and end >= now else FIT
 
 
 def run_entries(root_id: str) -> tuple[list[QueueEntry], bool]:
@@ -189,14 +204,20 @@ def timelines_for(
     window: str,
     now: datetime,
     mine: set[int],
-    start: datetime | None = None,
+    span: tuple[datetime, datetime] | None = None,
 ) -> list[timeline.Timeline]:
-    """One laid-out timeline per pool over the last ``window`` (or from ``start``)."""
-    start = start or now - timeline.WINDOWS[window]
-    holds = holds_of(pools, start, now, mine)
+    """One laid-out timeline per pool over the last ``window`` (or over ``span``)."""
+    start, end = span or (now - timeline.WINDOWS[window], now)
+    holds = holds_of(pools, start, end, mine)
     return [
         timeline.layout(
-            p.name, p.slots, holds[p.pk][0], start=start, end=now, truncated=holds[p.pk][1]
+            p.name,
+            p.slots,
+            holds[p.pk][0],
+            start=start,
+            end=end,
+            truncated=holds[p.pk][1],
+            now=now,
         )
         for p in pools
     ]
@@ -211,10 +232,10 @@ def load(
 ) -> RunPanel:
     """The run panel of ``root_id``."""
     now = now or timezone.now()
-    window = window_of(window, allow_fit=True)
     entries, truncated = run_entries(root_id)
     if focus is not None and all(e.queue_id != focus.queue_id for e in entries):
         entries.append(focus)  # an entry of a run cut at MAX_TASKS is still shown
+    window = window_of(window, allow_fit=True, default=default_window(entries, now))
     names = sorted({name for e in entries for name in e.demand})
     pools = {p.name: p for p in Pool.objects.filter(name__in=names).order_by("name")}
     explained = why.explain_entries(entries, pools, now)
@@ -239,7 +260,7 @@ def load(
         window=window,
         now=now,
         mine={e.queue_id for e in entries},
-        start=fit_start(entries, now) if window == FIT else None,
+        span=fit_span(entries, now) if window == FIT else None,
     )
     return panel
 

@@ -139,6 +139,8 @@ class Timeline:
     ticks: list[Tick] = field(default_factory=list)
     #: Holders left out because the query limit was reached.
     truncated: bool = False
+    #: The window ends now (the right edge is drawn as the "now" line).
+    live: bool = True
 
     @property
     def height(self) -> int:
@@ -226,8 +228,9 @@ def layout(
     start: datetime,
     end: datetime,
     truncated: bool = False,
+    now: datetime | None = None,
 ) -> Timeline:
-    """Lay out ``holds`` of ``pool`` over ``[start, end]`` (``end`` is usually now)."""
+    """Lay out ``holds`` of ``pool`` over ``[start, end]`` (``end`` is usually ``now``)."""
     span = (end - start).total_seconds() or 1.0
     plot_w = WIDTH - LABEL_W
 
@@ -264,6 +267,7 @@ def layout(
         bars=bars,
         ticks=_ticks(start, end, x_of),
         truncated=truncated,
+        live=now is None or end >= now,
     )
 
 

@@ -17,25 +17,32 @@ def _work(seconds: float) -> dict:
 @pooled("warehouse", slots=2, priority=10)
 def export(day: str) -> dict:
     """A heavy nightly export: two warehouse slots, ahead of everything else in line."""
-    return _work(1.2)
+    return _work(3.0)
 
 
 @shared_task
 @pooled("warehouse")
 def load_table(table: str) -> dict:
     """An ordinary warehouse load: one slot, default priority."""
-    return _work(0.5)
+    return _work(1.5)
 
 
 @shared_task
 @pooled({"warehouse": 1, "partner-api": 1})
 def sync_partner(account_id: int) -> dict:
     """Reads the warehouse and calls the partner API: both slots are taken atomically."""
-    return _work(0.8)
+    return _work(1.5)
 
 
 @shared_task
 @pooled("reports", priority=5)
 def render_report(report_id: int) -> dict:
     """Renders a PDF: one slot of the reports pool."""
-    return _work(0.4 + (report_id % 3) * 0.3)
+    return _work(2.0 + (report_id % 3) * 0.5)
+
+
+@shared_task
+@pooled("reports")
+def summarize(results: list, night: int) -> dict:
+    """The end of a workflow run (a chord's body): one slot of the reports pool."""
+    return {"night": night, "parts": len(results), **_work(1.0)}

@@ -126,7 +126,11 @@ POOLS = {
             "slots": 4,
             "description": "The analytics warehouse: 4 heavy queries at once.",
         },
-        "partner-api": {"slots": 2, "description": "A partner's rate-limited HTTP API."},
+        "partner-api": {
+            "slots": 2,
+            "rate": "1/s",
+            "description": "A partner's HTTP API: 2 requests at once, 1 started per second.",
+        },
         "reports": {"slots": 3, "description": "PDF rendering."},
     },
 }

@@ -3,14 +3,13 @@
 ``make browsers`` installs the browser with apt; Playwright's own browser downloads are
 never used (``executable_path`` points at the system Chromium). A missing browser or
 Playwright skips these tests locally and fails them under CI. Screenshots go to
-``test-artifacts/browser/``; with ``POOLS_DOCS_SCREENSHOTS=1`` the ones the docs use are
-copied to ``docs/img/`` as well.
+``test-artifacts/browser/`` (the docs' own are taken from the demo by ``make screenshots``,
+:mod:`tests.browser.demo_screenshots`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,20 +18,11 @@ import pytest
 from django.contrib.auth.models import User
 
 from tests.acceptance.conftest import celery_workers  # noqa: F401  (real workers, reused)
+from tests.browser.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("POOLS_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
-DOCS_IMG = ROOT / "docs" / "img"
 PASSWORD = "browser-pw"
 
 
@@ -104,12 +94,9 @@ def login(page: Any, user: User) -> None:
     page.wait_for_selector("#pools-card")
 
 
-def screenshot(page: Any, name: str, *, docs: bool = False, **kwargs: Any) -> Path:
-    """Save a screenshot under test-artifacts/browser/ (and docs/img/ when asked)."""
+def screenshot(page: Any, name: str, **kwargs: Any) -> Path:
+    """Save a screenshot under test-artifacts/browser/."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), **kwargs)
-    if docs and os.environ.get("POOLS_DOCS_SCREENSHOTS") == "1":
-        DOCS_IMG.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, DOCS_IMG / path.name)
     return path

@@ -3,7 +3,7 @@
 Log into the admin, see the card's numbers match ``GET /api/pools/``, cancel a waiting
 entry from the card and see it gone there and in the API, then open the run panel of a
 running chord and read its timeline. Screenshots of the card and the run panel are
-kept as artifacts (and, with ``POOLS_DOCS_SCREENSHOTS=1``, copied into the docs).
+kept as artifacts.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_operator_scenario__card_matches_api_cancel_from_card_run_panel_timeline
     wait_for(same, 15, "the card and GET /api/pools/ to agree", interval=0.5)
     card = _card(page)
     assert card["warehouse"] == {"held": 2, "waiting": 3, "slots": 2}
-    screenshot(page.locator("#pools-card"), "card", docs=True)
+    screenshot(page.locator("#pools-card"), "card")
 
     # 2. Cancel the waiting victim from the card: gone from the card and from the API.
     row = page.locator(f'#pools-card li.pools-entry[data-key="{victim.id}"]')
@@ -143,7 +143,7 @@ def test_operator_scenario__card_matches_api_cancel_from_card_run_panel_timeline
         root,
         *header_keys,
     }
-    screenshot(page, "run-panel", docs=True, full_page=True)
+    screenshot(page, "run-panel", full_page=True)
 
     assert result.get(timeout=HOLD * 2 + 30) == sum(2 * i for i in range(4))
     assert QueueEntry.objects.filter(root_id=root).count() == 6  # root, header and body

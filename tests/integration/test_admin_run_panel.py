@@ -13,7 +13,7 @@ from pytest_django import DjangoAssertNumQueries
 
 from pools.core import admission, budgets, leases
 from pools.models import QueueEntry
-from pools_admin import timeline
+from pools_admin import runs, timeline
 from pools_admin.timeline import Hold
 from tests.bridge import RecordingBridge
 from tests.factories import make_pool, submit
@@ -108,7 +108,50 @@ def test_run_panel__window_is_selectable(admin_client: Client, run: RecordingBri
     html = admin_client.get(url + "?window=1h").content.decode()
     assert '<a href="?window=1h" aria-current="true">1h</a>' in html
     html = admin_client.get(url + "?window=bogus").content.decode()
-    assert '<a href="?window=15m" aria-current="true">15m</a>' in html
+    assert '<a href="?window=run" aria-current="true">fit the run</a>' in html
+
+
+def test_run_panel__a_short_run_fills_the_window_by_default(
+    admin_client: Client, run: RecordingBridge
+) -> None:
+    html = admin_client.get(reverse("admin:pools_queueentry_run", args=[ROOT])).content.decode()
+    assert '<a href="?window=run" aria-current="true">fit the run</a>' in html
+    first = QueueEntry.objects.get(key=ROOT).admitted_at
+    assert first is not None
+    panel = runs.load(ROOT, now=first + timedelta(minutes=5))
+    assert panel.window == runs.FIT
+    for tl in panel.timelines:  # from just before the run's first admission to now, live
+        assert first - runs.MIN_FIT < tl.start <= first and tl.end == panel.now and tl.live
+    assert 'class="tl-now"' in html
+
+
+def test_run_panel__a_finished_run_ends_at_its_last_release(
+    admin_client: Client, recorder: RecordingBridge
+) -> None:
+    make_pool("wh", 2)
+    submit("wh", key=ROOT)
+    submit("wh", key="child-1", root_id=ROOT)
+    _finish(recorder, ROOT)
+    _finish(recorder, "child-1")
+    last = QueueEntry.objects.get(key="child-1").finished_at
+    assert last is not None
+    later = timezone.now() + timedelta(hours=2)
+    panel = runs.load(ROOT, now=later)
+    (tl,) = panel.timelines
+    assert panel.window == runs.FIT
+    assert last < tl.end < last + runs.MIN_FIT and not tl.live
+    assert len(tl.bars) == 2
+    assert runs.load(ROOT, window="15m", now=later).timelines[0].bars == []  # long gone
+
+
+def test_run_panel__a_run_going_on_for_long_shows_its_recent_activity(
+    run: RecordingBridge,
+) -> None:
+    later = timezone.now() + timedelta(hours=1)  # child-2 still waits an hour on
+    panel = runs.load(ROOT, now=later)
+    assert panel.window == timeline.DEFAULT_WINDOW
+    assert panel.timelines[0].start == later - timeline.WINDOWS[timeline.DEFAULT_WINDOW]
+    assert runs.load(ROOT, window="run", now=later).timelines[0].start < panel.timelines[0].start
 
 
 def test_run_panel__bounded_queries_whatever_the_run_size(
