@@ -111,8 +111,11 @@ def filtered(params: Any) -> QuerySet[PoolEvent]:
     """The rows the query parameters select (``ValidationError`` for a bad value)."""
     rows = PoolEvent.objects.all()
     for name in EXACT:
-        if params.get(name):
-            rows = rows.filter(**{name: params[name]})
+        value = params.get(name)
+        if value and "\x00" in value:  # no column holds one (PostgreSQL refuses to compare)
+            raise ValidationError({name: [f"{name} must not contain a NUL character."]})
+        if value:
+            rows = rows.filter(**{name: value})
     kinds = [k for k in params.getlist("kind") if k]
     unknown = sorted(set(kinds) - set(EventKind.values))
     if unknown:

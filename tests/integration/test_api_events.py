@@ -92,6 +92,8 @@ def test_filters__select_exactly_the_matching_rows(log, query, picked):
         ("?until=2026-13-45", "until"),
         ("?limit=0", "limit"),
         ("?limit=many", "limit"),
+        ("?pool=a%00b", "pool"),
+        ("?key=%00", "key"),
     ],
 )
 def test_bad_filters__answer_400_per_field(log, query, field):
