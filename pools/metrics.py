@@ -25,12 +25,12 @@ from pools.exceptions import PoolConfigurationError
 from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, RunBudget
 
 #: Event kinds counted as refusals (entries that ended without running), by ``reason``.
+#: An entry dropped by a full pool's overflow policy ends ``rejected`` (its event too).
 REFUSALS = {
     EventKind.EXPIRED: "expired",
     EventKind.CANCELLED: "cancelled",
     EventKind.REJECTED: "rejected",
     EventKind.SUPERSEDED: "superseded",
-    EventKind.DROPPED: "dropped",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from pools.api import views
+from pools.api import events, views
 
 app_name = "pools"
 
@@ -24,4 +24,5 @@ urlpatterns = [
     ),
     re_path(rf"^entries/{KEY}/\Z", views.EntryDetailView.as_view(), name="entry-detail"),
     path("jobs/<str:name>/start", views.JobStartView.as_view(), name="job-start"),
+    path("events/", events.EventListView.as_view(), name="event-list"),
 ]

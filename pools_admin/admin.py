@@ -67,6 +67,7 @@ class PoolAdmin(admin.ModelAdmin):
     list_filter = ("paused", "strategy", "defined_in_settings", "retiring")
     search_fields = ("name",)
     actions = ["pause_pools", "resume_pools"]
+    change_form_template = "pools_admin/pool_change_form.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Pool]:
         # Held and waiting as correlated subqueries: one query for the whole list.
@@ -104,6 +105,19 @@ class PoolAdmin(admin.ModelAdmin):
     def occupancy(self, obj: Pool) -> str:
         url = reverse(f"{self.admin_site.name}:pools_pool_occupancy", args=[obj.name])
         return format_html('<a href="{}">timeline</a>', url)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        pool = Pool.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        context = {**(extra_context or {})}
+        if pool is not None:  # links to its event log (with the permission) and timeline
+            context["events_url"] = views.events_of(request, pool.name)
+        return super().change_view(request, object_id, form_url, context)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Pool | None = None) -> Any:
         # Entries name their pools: renaming would orphan them.
@@ -214,14 +228,23 @@ class QueueEntryAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in QueueEntry._meta.fields]
     actions = ["cancel_entries", "cancel_and_terminate"]
     change_form_template = "pools_admin/entry_change_form.html"
+    change_list_template = "pools_admin/entry_change_list.html"
     ordering = ("-queue_id",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
-        """``pools.cancel_queueentry`` (the REST API's) or the change permission."""
+        """``pools.cancel_queueentry``, as the card and the REST API's cancel endpoint."""
         return views.can_cancel(request.user)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {**(extra_context or {})}
+        if not views.can_cancel(request.user):  # the cancel actions are not offered: say why
+            context["cancel_hidden"] = views.CANCEL_HIDDEN
+        return super().changelist_view(request, context)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Rows change only through the service functions (a deleted holder would leak slots).
@@ -329,7 +352,7 @@ class QueueEntryAdmin(admin.ModelAdmin):
 
 @admin.register(PoolEvent)
 class PoolEventAdmin(admin.ModelAdmin):
-    list_display = ("id", "at", "kind", "pool", "entry_id", "token", "actor")
+    list_display = ("id", "at", "kind", "pool", "entry_id", "key", "token", "actor")
     list_filter = ("kind", "pool")
     search_fields = ("key", "actor")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -20,6 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from pools import permissions as perms
 from pools.core import admission, rates, reads
 from pools.exceptions import EntryNotFound, PoolRefused, PoolUnavailable
 from pools.models import Pool, QueueEntry
@@ -35,15 +37,18 @@ REFRESH_SECONDS = 5
 #: What the card and the API say when the pool tables cannot be read.
 UNAVAILABLE = "Pool state is unavailable"
 
-VIEW_POOL = "pools.view_pool"
-VIEW_ENTRY = "pools.view_queueentry"
-#: Cancel entries: the REST API's permission, or the change permission on entries.
-CANCEL_ENTRY = ("pools.cancel_queueentry", "pools.change_queueentry")
+VIEW_POOL = perms.VIEW_POOL
+VIEW_ENTRY = perms.VIEW_ENTRY
+VIEW_EVENT = perms.VIEW_EVENT
+#: Cancel entries: the same permission as the REST API's cancel endpoint.
+CANCEL_ENTRY = perms.CANCEL_ENTRY
+#: Shown where the card and the entry list hide their Cancel controls.
+CANCEL_HIDDEN = perms.missing("Cancelling entries", CANCEL_ENTRY)
 
 
 def can_cancel(user: Any) -> bool:
-    """The user may cancel entries (card, entry actions)."""
-    return any(user.has_perm(perm) for perm in CANCEL_ENTRY)
+    """The user may cancel entries (card, entry actions): ``pools.cancel_queueentry``."""
+    return bool(user.has_perm(CANCEL_ENTRY))
 
 
 def _url(request: HttpRequest, name: str, *args: Any) -> str:
@@ -74,7 +79,11 @@ def card_context(request: HttpRequest) -> dict[str, Any]:
         "unavailable": UNAVAILABLE,
         "now": timezone.now(),
         "can_cancel": can_cancel(user),
+        "cancel_hidden": CANCEL_HIDDEN,
         "can_view_entries": user.has_perm(VIEW_ENTRY),
+        "events_url": _url(request, "pools_poolevent_changelist")
+        if user.has_perm(VIEW_EVENT)
+        else "",
         "refresh_url": _url(request, "pools_pool_card"),
         "cancel_url": _url(request, "pools_queueentry_card_cancel"),
         "entries_url": _url(request, "pools_queueentry_changelist"),
@@ -202,4 +211,12 @@ def pool_page(request: HttpRequest, model_admin: ModelAdmin[Any], name: str) -> 
         page=page,
         pool=pool,
         unlimited=pool.slots >= rates.UNLIMITED_SLOTS,
+        events_url=events_of(request, pool.name),
     )
+
+
+def events_of(request: HttpRequest, pool: str) -> str:
+    """The admin's event list filtered by ``pool``; empty without the view permission."""
+    if not request.user.has_perm(VIEW_EVENT):
+        return ""
+    return f"{_url(request, 'pools_poolevent_changelist')}?{urlencode({'pool': pool})}"

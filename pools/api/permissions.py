@@ -7,12 +7,16 @@ from typing import Any
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
+from pools import permissions as perms
+
 #: Read the pools, their lines and entries.
-VIEW = "pools.view_pool"
-#: Cancel entries (``POST pools/<name>/queue/<key>/cancel``).
-CANCEL = "pools.cancel_queueentry"
+VIEW = perms.VIEW_POOL
+#: Cancel entries (``POST pools/<name>/queue/<key>/cancel``), as on the card and the admin.
+CANCEL = perms.CANCEL_ENTRY
+#: Read the event log (``GET events/``), as the admin's event list.
+VIEW_EVENT = perms.VIEW_EVENT
 #: Start a periodic task now (``POST jobs/<name>/start``).
-START_JOB = "pools.start_job"
+START_JOB = perms.START_JOB
 
 
 class ModelPerms(BasePermission):
@@ -33,4 +37,7 @@ class ModelPerms(BasePermission):
         if method not in view.http_method_names or not hasattr(view, method):
             return True  # nothing runs: the view answers 405 Method Not Allowed
         needed = view.perms.get(request.method, ())
-        return bool(needed) and user.has_perms(needed)
+        lacking = [perm for perm in needed if not user.has_perm(perm)]
+        if lacking:  # the 403 names the permission (instance per request: no leak)
+            self.message = perms.missing("This endpoint", lacking[0])
+        return bool(needed) and not lacking

@@ -27,6 +27,7 @@ ALL_PERMS = (
     "pools.delete_pool",
     "pools.cancel_queueentry",
     "pools.start_job",
+    "pools.view_poolevent",
 )
 
 _names = itertools.count(1)

@@ -193,10 +193,29 @@ def test_card__viewer_sees_numbers_but_no_cancel_and_cannot_post(busy: Recording
     assert QueueEntry.objects.get(key="wait-low").state == EntryState.WAITING
 
 
-def test_card__change_permission_on_entries_allows_cancel(busy: RecordingBridge) -> None:
+def test_card__change_permission_on_entries_does_not_cancel_and_the_card_says_why(
+    busy: RecordingBridge,
+) -> None:
     client = Client()
-    client.force_login(_staff("operator", "pools.view_pool", "pools.change_queueentry"))
-    assert "pools-cancel" in client.get(INDEX).content.decode()
+    client.force_login(_staff("editor", "pools.view_pool", "pools.change_queueentry"))
+    html = client.get(INDEX).content.decode()
+    assert "pools-cancel" not in html
+    assert 'data-pools-permission="cancel"' in html and "pools.cancel_queueentry" in html
+    response = client.post(
+        reverse("admin:pools_queueentry_card_cancel"),
+        {"key": "wait-low"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert response.status_code == 403
+    assert QueueEntry.objects.get(key="wait-low").state == EntryState.WAITING
+
+
+def test_card__cancel_permission_allows_cancel(busy: RecordingBridge) -> None:
+    client = Client()
+    client.force_login(_staff("operator", "pools.view_pool", "pools.cancel_queueentry"))
+    html = client.get(INDEX).content.decode()
+    assert "pools-cancel" in html
+    assert 'data-pools-permission="cancel"' not in html
     response = client.post(
         reverse("admin:pools_queueentry_card_cancel"),
         {"key": "wait-low"},

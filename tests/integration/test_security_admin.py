@@ -44,6 +44,7 @@ PERMS = (
     "pools.change_queueentry",
     "pools.cancel_queueentry",
     "pools.start_job",
+    "pools.view_poolevent",
     "django_celery_beat.view_periodictask",
     "django_celery_beat.change_periodictask",
 )
@@ -106,6 +107,12 @@ SURFACES = [
         ("pools.view_queueentry", "pools.change_queueentry"),
     ),
     Surface(
+        "event list",
+        "get",
+        lambda: reverse("admin:pools_poolevent_changelist"),
+        ("pools.view_poolevent",),
+    ),
+    Surface(
         "pool list",
         "get",
         lambda: reverse("admin:pools_pool_changelist"),
@@ -115,7 +122,7 @@ SURFACES = [
         "card cancel",
         "post",
         lambda: reverse("admin:pools_queueentry_card_cancel"),
-        ("pools.cancel_queueentry", "pools.change_queueentry"),
+        ("pools.cancel_queueentry",),
         data=lambda: {"key": "w"},
     ),
     Surface(
@@ -151,7 +158,7 @@ SURFACES = [
         "cancel entries action",
         "post",
         lambda: reverse("admin:pools_queueentry_changelist"),
-        ("pools.cancel_queueentry", "pools.change_queueentry"),
+        ("pools.cancel_queueentry",),
         data=lambda: _action("queueentry", "cancel_entries", lambda: [_qid("w")]),
         action=True,
     ),
@@ -159,7 +166,7 @@ SURFACES = [
         "cancel and terminate action",
         "post",
         lambda: reverse("admin:pools_queueentry_changelist"),
-        ("pools.cancel_queueentry", "pools.change_queueentry"),
+        ("pools.cancel_queueentry",),
         data=lambda: _action("queueentry", "cancel_and_terminate", lambda: [_qid("run")]),
         action=True,
     ),

@@ -47,6 +47,7 @@ ENDPOINTS: list[tuple[str, str, Any, str]] = [
     ("post", "pools/wh/resume", None, "pools.change_pool"),
     ("post", "pools/wh/queue/w/cancel", {}, "pools.cancel_queueentry"),
     ("post", "jobs/nightly/start", None, "pools.start_job"),
+    ("get", "events/", None, "pools.view_poolevent"),
 ]
 WRITES = [e for e in ENDPOINTS if e[0] != "get"]
 IDS = [f"{m.upper()} {p}" for m, p, _, _ in ENDPOINTS]
@@ -164,7 +165,9 @@ def test_staff_without_the_permission__is_refused(rows, method, path, body, perm
     client = APIClient()
     client.force_login(make_user(*(p for p in ALL_PERMS if p != perm), staff=True))
     before = tables()
-    refused(call(client, method, path, body), 403, "permission_denied")
+    response = call(client, method, path, body)
+    refused(response, 403, "permission_denied")
+    assert perm in response.json()["detail"], "the refusal names the permission it needs"
     assert tables() == before
 
 
