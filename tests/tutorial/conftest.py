@@ -57,7 +57,7 @@ def pg_database(isolation: Isolation) -> Iterator[str]:
         with psycopg.connect(
             "host=127.0.0.1 user=postgres dbname=postgres", autocommit=True
         ) as conn:
-            conn.execute(sql)  # type: ignore[arg-type]
+            conn.execute(sql)
 
     name = isolation.pg_name
     admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -119,6 +119,8 @@ class Reader:
     wheel: Path
     project: str
     isolation: Isolation
+    #: ``False``: a virtualenv without pip (quick to make; for tests of the reader itself).
+    pip: bool = True
     #: What ran, in order, for failure messages.
     transcript: list[str] = field(default_factory=list)
     started: list[Started] = field(default_factory=list)
@@ -134,7 +136,8 @@ class Reader:
         self.cwd.mkdir(parents=True, exist_ok=True)
         (self.work / "isolation").mkdir(exist_ok=True)
         self.venv = self.work / "venv"
-        subprocess.run([sys.executable, "-m", "venv", str(self.venv)], check=True)
+        without = [] if self.pip else ["--without-pip"]
+        subprocess.run([sys.executable, "-m", "venv", *without, str(self.venv)], check=True)
 
     # ----------------------------------------------------------------------- environment
 
@@ -188,7 +191,7 @@ class Reader:
 
     def _installing_the_wheel(self, line: str) -> str:
         """``pip install "<project>[extras]"`` installs the wheel under test, same extras."""
-        words = shlex.split(line)
+        words = shlex.split(line, comments=True)
         if "pip" not in words or "install" not in words:
             return line
         changed = False
@@ -346,9 +349,7 @@ class Reader:
 
 
 @contextmanager
-def reading(
-    work: Path, wheel: Path, project: str, isolation: Isolation
-) -> Iterator[Reader]:
+def reading(work: Path, wheel: Path, project: str, isolation: Isolation) -> Iterator[Reader]:
     """A :class:`Reader` whose started commands are stopped on the way out."""
     reader = Reader(work, wheel, project, isolation)
     try:
