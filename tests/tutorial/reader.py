@@ -74,6 +74,13 @@ class Started:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+def shorter(text: str, keep: int = 3000) -> str:
+    """The start and the end of a long output (a session's first failure comes first)."""
+    if len(text) <= 2 * keep:
+        return text
+    return f"{text[:keep]}\n[... {len(text) - 2 * keep} characters ...]\n{text[-keep:]}"
+
+
 def matches(want: str, got: str) -> bool:
     """``got`` is what the page shows as ``want`` (``...`` for any text, spaces free)."""
     return doctest.OutputChecker().check_output(want, got, OUTPUT_FLAGS)
@@ -296,7 +303,7 @@ class Reader:
         if done.returncode:
             raise StepFailed(
                 f"{what}: `{show or line}` exited {done.returncode}\n--- stdout\n"
-                f"{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-6000:]}"
+                f"{shorter(done.stdout)}\n--- stderr\n{shorter(done.stderr)}"
             )
         return done
 
