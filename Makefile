@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo screenshots dist test test-lowest test-sqlite test-postgres test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client pgbouncer test-pgbouncer lint docs services clean
+.PHONY: install demo screenshots dist test test-lowest test-sqlite test-postgres test-quickstart test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client pgbouncer test-pgbouncer lint docs services clean
 
 $(STAMP): pyproject.toml | mysql-client
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,6 +49,18 @@ test-postgres: install services
 	POOLS_TEST_DB=postgres CELERY_BROKER_URL=redis://127.0.0.1:6379/14 \
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
 	$(BIN)/pytest -q tests/integration tests/acceptance --ignore tests/acceptance/test_demo.py
+
+# docs/quickstart.md and the README's install block as a new user meets them (tests/tutorial):
+# the wheel (built as make dist builds it) in a fresh venv with the extras the page names, a
+# new project from startproject, the page's marked blocks in order (settings, check, migrate,
+# pools list, two real workers and beat, its Python session compared with what the page
+# shows), once on PostgreSQL (database $(QUICKSTART_PG), created and dropped) and once on
+# SQLite; Redis db $(QUICKSTART_REDIS). ~2.5 min.
+QUICKSTART_PG ?= t33_quickstart
+QUICKSTART_REDIS ?= 1
+test-quickstart: install services
+	POOLS_QUICKSTART_PG_NAME=$(QUICKSTART_PG) POOLS_QUICKSTART_REDIS_DB=$(QUICKSTART_REDIS) \
+	$(BIN)/pytest -q -p no:cacheprovider tests/tutorial
 
 # The lowest versions pyproject.toml declares (kept equal to its floors by
 # tests/unit/test_lowest_versions.py), in a venv of their own; .venv has the newest.
@@ -199,7 +211,7 @@ test-peer: install services
 peer-full: install services
 	$(BIN)/python -m tests.peer.run
 
-test: browsers lint docs test-sqlite test-postgres test-lowest test-upgrade test-mariadb test-rabbitmq test-pgbouncer test-chaos test-browser test-peer
+test: browsers lint docs test-sqlite test-postgres test-quickstart test-lowest test-upgrade test-mariadb test-rabbitmq test-pgbouncer test-chaos test-browser test-peer
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .site .pytest_cache
