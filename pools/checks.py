@@ -397,12 +397,32 @@ def check_schema(
         return []  # ``migrate`` runs the database checks first: it is the fix, not the news
     pending = pending_migrations()
     if not pending:
-        return []
+        return _sweep_overdue()
     return [
         Warning(
             schema_behind_message(pending),
             id="pools.W050",
             hint="Deploy in this order: migrate, then restart web processes and workers "
             "(see Upgrading in the docs).",
+        )
+    ]
+
+
+def _sweep_overdue() -> list[CheckMessage]:
+    """``pools.W060``: celery beat has not sent the sweep lately (beat not running, or not
+    with the DatabaseScheduler that reads the periodic task ``migrate`` registered)."""
+    from pools.celery import beat
+
+    overdue = beat.sweep_overdue()
+    if overdue is None:
+        return []
+    return [
+        Warning(
+            overdue + ".",
+            id="pools.W060",
+            hint="Run celery beat with the DatabaseScheduler: 'celery -A proj beat -S "
+            "django_celery_beat.schedulers:DatabaseScheduler' (or CELERY_BEAT_SCHEDULER = "
+            "'django_celery_beat.schedulers:DatabaseScheduler'), or embedded in one worker "
+            "with -B.",
         )
     ]

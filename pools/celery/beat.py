@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.apps import apps
 from django.db.models.signals import post_delete, post_save, pre_save
+from django.utils import timezone
 
 from pools import conf
 from pools.core import admission
@@ -67,6 +69,42 @@ def ensure_sweep_schedule() -> bool:
         },
     )
     return True
+
+
+#: django-celery-beat's DatabaseScheduler writes ``last_run_at`` when it syncs, every
+#: 3 minutes (Celery's ``Scheduler.sync_every``), so a sent sweep can look this much older.
+SCHEDULER_SYNC_SECONDS = 180.0
+
+
+def sweep_overdue(now: datetime | None = None) -> str | None:
+    """A sentence when celery beat has not sent the sweep for a while, else None.
+
+    Read from the periodic task that ``migrate`` registers: its ``last_run_at`` (written by
+    the DatabaseScheduler that sends it), or its last change when it never ran. Overdue
+    after three sweep periods plus the scheduler's sync interval. None when there is
+    nothing to say: django-celery-beat is not installed, the task is not registered (the
+    sweep is in the project's own ``beat_schedule``, see ``pools.W002``) or it is disabled
+    on purpose.
+    """
+    if not apps.is_installed("django_celery_beat"):
+        return None
+    from django_celery_beat.models import PeriodicTask
+
+    task = PeriodicTask.objects.filter(name=SWEEP_TASK_NAME, enabled=True).first()
+    if task is None:
+        return None
+    now = now or timezone.now()
+    since = task.last_run_at or task.date_changed
+    allowed = timedelta(seconds=3 * conf.get().SWEEP_SECONDS + SCHEDULER_SYNC_SECONDS)
+    if since is None or now - since <= allowed:
+        return None
+    ago = int((now - since).total_seconds())
+    what = "last sent" if task.last_run_at else "never sent since it was registered"
+    return (
+        f"celery beat has not sent the pools sweep for {ago} s ({what}, "
+        f"{since:%Y-%m-%d %H:%M:%S %Z}): lapsed leases are not given back, queue_timeout "
+        "deadlines do not expire and old entries are not pruned"
+    )
 
 
 def cancel_fires(job: str, reason: str, *, ids: Sequence[int] | None = None) -> int:

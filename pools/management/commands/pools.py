@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pools import __version__
+from pools.celery import beat
 from pools.core import admission, capacity, rates, settings_sync, snapshots, sweeps
 from pools.core.snapshots import PoolSnapshot
 from pools.exceptions import PoolError
@@ -132,6 +133,9 @@ class Command(BaseCommand):
             self.stdout.write("No pools. Define them in POOLS['DEFINITIONS'] and run 'pools sync'.")
         for s in snaps:
             self.stdout.write(summary_line(s))
+        overdue = beat.sweep_overdue()
+        if overdue:
+            self.stdout.write(f"warning: {overdue} (see 'manage.py check --database default')")
 
     def do_inspect(self, name: str, head: int, **options: Any) -> None:
         s = snapshots.snapshot(name, head=head)
