@@ -51,7 +51,7 @@ def explain_entries(
             position = None if delayed else positions[name].get(e.queue_id)
             head = heads[name] if position is not None and position > 1 else None
             places.append(core.decide(view, e, int(e.demand[name]), position, head, now))
-        out[e.queue_id] = core.Explanation(entry=e, places=core.settle_other_pools(places))
+        out[e.queue_id] = core.Explanation(entry=e, places=core.mark_blocked_by_other_pool(places))
     return out
 
 

@@ -466,14 +466,14 @@ def _retrying(stats: ChildStats, what: str, fn: Any, *args: Any) -> Any:
 
 
 def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
-    from pools.core import admission, leases
+    from pools.core import admission, admission_pass, leases
     from pools.core.records import Submission
     from pools.models import QueueEntry
     from pools.pg import fastpath
     from pools.specs import PoolSpec
 
     if cfg.sabotage:
-        admission._held_by_pool = lambda pools: {}
+        admission_pass.held_by_pool = lambda pools: {}
     stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec

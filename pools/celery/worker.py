@@ -27,6 +27,7 @@ from pools.celery import messages, received
 from pools.celery.keeper import body_running, keeper
 from pools.celery.messages import claim_of
 from pools.core import admission, budgets, leases, locking, nodes
+from pools.core.engine import engine
 from pools.core.leases import Claim
 from pools.exceptions import LeaseLost, PoolUnavailable
 from pools.models import Origin
@@ -337,7 +338,7 @@ def _bound_database_sockets(**kwargs: Any) -> None:
 def _warn_about_reconnects(sender: Any = None, **kwargs: Any) -> None:
     """Celery's Django fixup closes DB connections around every task unless told otherwise."""
     app = getattr(sender, "app", None)
-    if app is not None and not app.conf.get("db_reuse_max") and not fastpath.enabled():
+    if app is not None and not app.conf.get("db_reuse_max") and not engine().own_worker_connection:
         logger.warning(
             "Celery closes the database connection before and after every task "
             "(CELERY_DB_REUSE_MAX is not set), so every pooled task reconnects to start and "

@@ -27,6 +27,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from pools.core import locking
+from pools.core.ending import finish_waiting
+from pools.core.pass_runs import admit_in, follow_up
 from pools.core.records import BUDGET, BudgetStop, Finished, Submission
 from pools.exceptions import BudgetExceeded, EntryNotFound, LeaseLost, PoolConfigurationError
 from pools.models import Charge, EntryState, QueueEntry, RunBudget
@@ -178,8 +180,6 @@ def charge(
     if seconds is not None:
         _check_amount(seconds, "seconds")
     now = now or timezone.now()
-    from pools.core import admission  # admission imports this module
-
     needs: set[str] = set()
     with locking.bounded(f"charging entry {entry_id}"):
         entry = (
@@ -221,7 +221,7 @@ def charge(
         run.save(update_fields=fields)
         if stopped_by:
             rejected, needs = _stop_waiting(run, now)
-    admission.follow_up(needs)
+    follow_up(needs)
     return Charged(
         run=run.root_id,
         seconds=run.seconds,
@@ -245,8 +245,6 @@ def _stop_waiting(run: RunBudget, now: datetime) -> tuple[list[Finished], set[st
     the run stopped: :func:`rejects_requeue`.) The set of unfinished entries cannot grow
     meanwhile: enqueues of the run wait for its budget row.
     """
-    from pools.core import admission as adm
-
     unfinished = list(
         QueueEntry.objects.filter(_run_entries(run.root_id))
         .filter(state__in=(EntryState.WAITING, EntryState.ADMITTED, EntryState.RUNNING))
@@ -262,16 +260,16 @@ def _stop_waiting(run: RunBudget, now: datetime) -> tuple[list[Finished], set[st
             return [], set()
         finished = [
             replace(f, budget=stop)
-            for f in adm.finish_waiting(waiting, EntryState.REJECTED, now, reason=BUDGET)
+            for f in finish_waiting(waiting, EntryState.REJECTED, now, reason=BUDGET)
         ]
-        needs = adm.admit_in(pools, now, finished)
+        needs = admit_in(pools, now, finished)
     return finished, needs
 
 
 def rejects_requeue(entry: QueueEntry) -> BudgetStop | None:
     """For an entry going back in line: the stop of its run if the run has spent a budget.
 
-    Called under the entry's pool locks by :func:`pools.core.admission.requeue`; reads the
+    Called under the entry's pool locks by :func:`pools.core.settling.requeue`; reads the
     budget row only for entries of runs with a budget (their ``options`` say so).
     """
     from pools.core.records import BUDGET_OPTION

@@ -433,7 +433,7 @@ def decide(
     )
 
 
-def settle_other_pools(places: list[PoolPlace]) -> list[PoolPlace]:
+def mark_blocked_by_other_pool(places: list[PoolPlace]) -> list[PoolPlace]:
     """A pool that would admit the entry, while another pool it names blocks it: ``other_pool``."""
     blocking = next((p for p in places if p.blocked_by is not None), None)
     if blocking is None:
@@ -514,7 +514,7 @@ def explain(entry: QueueEntry, *, now: datetime | None = None) -> Explanation:
         if position is not None and position > 1:
             head = Demand.objects.line(d.pool_id).select_related("entry").first()
         places.append(_as_cap(decide(view, entry, d.slots, position, head, now)))
-    return Explanation(entry=entry, places=settle_other_pools(places))
+    return Explanation(entry=entry, places=mark_blocked_by_other_pool(places))
 
 
 def _as_cap(place: PoolPlace) -> PoolPlace:

@@ -7,30 +7,15 @@ sum, so a single conditional ``UPDATE`` on the entry row is enough.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from pools import conf
 from pools.core import events, locking
+from pools.core.engine import engine
+from pools.core.records import Claim
 from pools.models import EntryState, EventKind, PoolEvent, QueueEntry
-from pools.pg import fastpath, functions
-
-
-@dataclass(frozen=True, kw_only=True)
-class Claim:
-    """The claim a running task body holds; read it with ``pools.current_claim()``."""
-
-    #: Queue entry id.
-    entry_id: int
-    #: Fencing token: include it in external writes to reject stale writers.
-    token: int
-    #: Pools and slots held.
-    demand: dict[str, int]
-    #: When the lease runs out unless renewed.
-    lease_expires_at: datetime
 
 
 def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
@@ -40,49 +25,7 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     Bounded like every pool operation; a database error or timeout raises
     :class:`~pools.exceptions.PoolUnavailable` and changes nothing.
     """
-    now = timezone.now()
-    lease = conf.get().LEASE_SECONDS
-    worker = worker[:255]
-    if fastpath.enabled():
-        reply = fastpath.call(
-            functions.name("start"),
-            [entry_id, token, worker, now, lease, fastpath.listening()],
-            what="starting a claim",
-        )
-        row = reply.first("started")
-        if row is None or row.at is None:
-            return None
-        events.announce(reply.events, committed=reply.committed)
-        return Claim(
-            entry_id=entry_id, token=token, demand=dict(row.demand or {}), lease_expires_at=row.at
-        )
-    renewed = now + timedelta(seconds=lease)
-    with locking.bounded("starting a claim"):
-        changed = QueueEntry.objects.filter(
-            Q(pinned_worker="") | Q(pinned_worker=worker),
-            pk=entry_id,
-            token=token,
-            state=EntryState.ADMITTED,
-        ).update(
-            state=EntryState.RUNNING,
-            started_at=now,
-            worker=worker,
-            lease_expires_at=Case(  # kept when 2/3 of it are left: as the start function
-                When(
-                    lease_expires_at__gte=now + timedelta(seconds=lease * 2 / 3),
-                    then=F("lease_expires_at"),
-                ),
-                default=Value(renewed),
-            ),
-        )
-        if not changed:
-            return None
-        entry = QueueEntry.objects.only("key", "token", "demand", "lease_expires_at").get(
-            pk=entry_id
-        )
-        until = entry.lease_expires_at or renewed
-        events.transition(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
-    return Claim(entry_id=entry_id, token=token, demand=entry.demand, lease_expires_at=until)
+    return engine().start(entry_id, token, worker=worker[:255])
 
 
 def renew(entry_id: int, token: int) -> datetime | None:

@@ -126,3 +126,17 @@ class Enqueued:
     created: bool = True
     #: The existing entry's state when ``created`` is False (waiting, admitted, running).
     existing_state: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """The claim a running task body holds; read it with ``pools.current_claim()``."""
+
+    #: Queue entry id.
+    entry_id: int
+    #: Fencing token: include it in external writes to reject stale writers.
+    token: int
+    #: Pools and slots held.
+    demand: dict[str, int]
+    #: When the lease runs out unless renewed.
+    lease_expires_at: datetime

@@ -4,7 +4,7 @@ the one place their rows are decoded.
 Enqueue, settle+admit and start each run as one call of a stored function
 (``pools/pg/sql/schema.sql``, named by :mod:`pools.pg.functions`): one round trip, so a pool's row lock is held for
 the time the database needs, not for a dozen client round trips. The functions implement
-the contract of ``docs/concepts/contract.md`` like :mod:`pools.core.admission` does, and hand
+the contract of ``docs/concepts/contract.md`` like the ORM engine does, and hand
 anything unusual (multi-pool heads, deadlines, due multi-pool entries) back to it. They
 are used when the database is PostgreSQL and ``POOLS["SQL_FAST_PATH"]`` is true (the
 default). Connected signal receivers do not change the path: the functions then also

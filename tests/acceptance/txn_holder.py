@@ -35,13 +35,13 @@ def main(hold: float) -> None:
     if sabotage == "1":
         from pools.core import admission
 
-        admission._in_callers_transaction = lambda: False
+        admission.in_callers_transaction = lambda: False
     elif sabotage == "fk":
         from contextlib import nullcontext
 
-        from pools.core import admission
+        from pools.core import in_transaction
 
-        admission.parent_rows_unlocked = nullcontext  # type: ignore[assignment]
+        in_transaction.parent_rows_unlocked = nullcontext  # type: ignore[assignment]
     try:
         committed_at: list[float] = []
         with transaction.atomic():

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from pools.core import admission, dispatch
+from pools.core import admission, dispatch, pass_runs
 from pools.core.records import Admission
 from pools.models import EntryState, Pool, QueueEntry
 from pools.pg import fastpath, functions
@@ -104,7 +104,7 @@ def test_after_commit__a_failing_follow_up_pass_does_not_fail_the_settle(
     def fail(names: Any) -> Any:
         raise RuntimeError("pool state unavailable")
 
-    monkeypatch.setattr(admission, "_run_pass", fail)
+    monkeypatch.setattr(pass_runs, "run_pass", fail)
     assert admission.settle(holder.entry_id, holder.token, "succeeded")
     assert QueueEntry.objects.get(key="holder").state == EntryState.SUCCEEDED
     # The pass is asked for again at once.

@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from pytest_django import Settings
 
-from pools.core.admission import _waiting_of_job
+from pools.core.supersession import waiting_of_job
 from pools.models import QueueEntry
 from tests.bridge import RecordingBridge
 from tests.conftest import POOL_APPS
@@ -85,7 +85,7 @@ def test_beat_fire__waits_no_longer_than_the_bound_then_is_dropped_with_one_warn
 
 
 def test_job_queries__are_served_by_the_job_index(recorder: RecordingBridge) -> None:
-    for queryset in (_waiting_of_job("nightly"), _waiting_of_job("nightly", retries_only=True)):
+    for queryset in (waiting_of_job("nightly"), waiting_of_job("nightly", retries_only=True)):
         assert "pools_entry_job" in _plan_without_seqscan(queryset)
     by_key = QueueEntry.objects.filter(idempotency_active="order-42")
     assert "pools_entry_idempotency_active" in _plan_without_seqscan(by_key)

@@ -21,7 +21,7 @@ import pytest
 from django.db import connection, connections, transaction
 from pytest_django import Settings
 
-from pools.core import admission, locking, sweeps
+from pools.core import admission, in_transaction, locking, sweeps
 from pools.exceptions import (
     DemandExceedsCapacity,
     PoolDraining,
@@ -94,9 +94,9 @@ def sabotage(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     """``locked``: the enqueue as it was (the pool lock held until the caller commits);
     ``fk-checked``: on InnoDB, the line rows' foreign keys checked at the insert."""
     if how == "locked":
-        monkeypatch.setattr(admission, "_in_callers_transaction", lambda: False)
+        monkeypatch.setattr(admission, "in_callers_transaction", lambda: False)
     elif how == "fk-checked":
-        monkeypatch.setattr(admission, "parent_rows_unlocked", nullcontext)
+        monkeypatch.setattr(in_transaction, "parent_rows_unlocked", nullcontext)
 
 
 #: The sabotage twins of a lock test on this database.
@@ -275,7 +275,7 @@ def test_enqueue_in_atomic__the_sweep_admits_it_if_the_caller_died_after_commit(
     """A process that dies between its commit and the admission after it leaves an entry
     out of line with no ``next_due_at``: the sweep finds it (without that step, never)."""
     make_pool("p", 1)
-    monkeypatch.setattr(admission, "_admit_after_commit", lambda names, due: None)
+    monkeypatch.setattr(in_transaction, "admit_after_commit", lambda names, due: None)
     with transaction.atomic():
         submit("p", key="a")
     assert recorder.keys() == []
@@ -332,14 +332,14 @@ def test_enqueue_in_atomic__pool_deleted_before_the_insert_is_refused_as_unknown
     not left with line rows pointing at no pool."""
     make_pool("p", 1)
     make_pool("gone", 1)
-    real = admission._demand_rows
+    real = in_transaction.demand_rows
 
     def rows_then_delete(*args: Any, **kwargs: Any) -> list[Demand]:
         rows = real(*args, **kwargs)
         assert elsewhere(lambda: Pool.objects.filter(name="gone").delete()) == []
         return rows
 
-    monkeypatch.setattr(admission, "_demand_rows", rows_then_delete)
+    monkeypatch.setattr(in_transaction, "demand_rows", rows_then_delete)
     with transaction.atomic():
         with pytest.raises(UnknownPool, match="gone"):
             submit({"p": 1, "gone": 1}, key="a")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pools.core import admission
+from pools.core import admission, enqueueing
 from pools.exceptions import PoolConfigurationError
 from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
 from tests.bridge import RecordingBridge
@@ -216,14 +216,14 @@ def test_idempotency_key__a_lost_race_is_caught_from_the_unique_index(
     unique index refuses the insert, and the submit returns the winner's entry."""
     make_pool("warehouse", 1)
     first = ship_order.delay(42)
-    real = admission.holder_of
+    real = enqueueing.holder_of
     calls: list[str] = []
 
     def missed_once(key: str, **kw: Any) -> Any:
         calls.append(key)
         return None if len(calls) == 1 else real(key, **kw)
 
-    monkeypatch.setattr(admission, "holder_of", missed_once)
+    monkeypatch.setattr(enqueueing, "holder_of", missed_once)
     assert ship_order.delay(42).id == first.id
     assert calls == ["order-42", "order-42"]  # before the insert, then after its refusal
     assert QueueEntry.objects.count() == 1

@@ -117,12 +117,14 @@ def test_w003__silent_on_the_postgresql_fast_path(
     make_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Workers start and settle on pools' own connection there, which Celery never closes."""
-    from pools.pg import fastpath
+    from pools.core import engine as engine_module
+    from pools.core.engines.orm import ORM
+    from pools.pg.engine import POSTGRESQL
 
     make_app({})
-    monkeypatch.setattr(fastpath, "enabled", lambda: True)
+    monkeypatch.setattr(engine_module, "engine", lambda: POSTGRESQL)
     assert _ids() == []
-    monkeypatch.setattr(fastpath, "enabled", lambda: False)
+    monkeypatch.setattr(engine_module, "engine", lambda: ORM)
     assert _ids() == ["pools.W003"]
 
 

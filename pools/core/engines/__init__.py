@@ -1,0 +1,1 @@
+"""The engines of :mod:`pools.core.engine` that work on every database."""

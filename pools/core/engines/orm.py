@@ -1,0 +1,108 @@
+"""The ORM engine: every operation through Django's ORM, on every database.
+
+Row locks are taken through :mod:`pools.core.locking` (pool rows ``FOR UPDATE`` in name
+order, then entry and demand rows of those pools), so no transaction can deadlock another.
+On SQLite ``select_for_update`` is a no-op and the database must run ``IMMEDIATE``
+transactions, which serialize writers. ``tests/integration/test_differential.py`` holds
+this engine and the PostgreSQL one to ``docs/concepts/contract.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.db.models import Case, F, Q, Value, When
+from django.utils import timezone
+
+from pools import conf
+from pools.core import events, locking, pass_runs, settling
+from pools.core.enqueueing import enqueue_with_locks
+from pools.core.records import Admission, Claim, Enqueued, Submission
+from pools.models import EntryState, EventKind, QueueEntry
+
+
+class OrmEngine:
+    """The operations of :class:`pools.core.engine.Engine` on Django's ORM."""
+
+    name = "orm"
+    own_worker_connection = False
+
+    def enqueue(
+        self, sub: Submission, now: datetime, deadline: datetime | None, *, budgeted: bool
+    ) -> Enqueued:
+        """Enqueue under the pools' locks (the run's first when ``budgeted``)."""
+        return enqueue_with_locks(sub, now, deadline, budgeted=budgeted)
+
+    def start(self, entry_id: int, token: int, *, worker: str) -> Claim | None:
+        """Start by compare-and-set on the fencing token (no pool lock)."""
+        return start(entry_id, token, worker=worker)
+
+    def settle(
+        self, entry_id: int, token: int, outcome: str, *, reason: str, live_lease: bool
+    ) -> bool:
+        """Settle under the pools' locks, then the admission pass."""
+        return settling.settle_with_locks(
+            entry_id, token, outcome, reason=reason, live_lease=live_lease
+        )
+
+    def requeue(
+        self,
+        entry_id: int,
+        token: int,
+        *,
+        reason: str,
+        admit: bool,
+        lapsed_before: datetime | None,
+        unstarted: bool,
+    ) -> bool:
+        """Requeue under the pools' locks."""
+        return settling.requeue(
+            entry_id,
+            token,
+            reason=reason,
+            admit=admit,
+            lapsed_before=lapsed_before,
+            unstarted=unstarted,
+        )
+
+    def admit(self, names: Iterable[str]) -> list[Admission]:
+        """An admission pass over ``names`` in its own transaction."""
+        return pass_runs.admit(names)
+
+
+#: The ORM engine (it keeps no state).
+ORM = OrmEngine()
+
+
+def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
+    """Mark an admitted entry running on ``worker`` (already cut to 255 characters)."""
+    now = timezone.now()
+    lease = conf.get().LEASE_SECONDS
+    renewed = now + timedelta(seconds=lease)
+    with locking.bounded("starting a claim"):
+        changed = QueueEntry.objects.filter(
+            Q(pinned_worker="") | Q(pinned_worker=worker),
+            pk=entry_id,
+            token=token,
+            state=EntryState.ADMITTED,
+        ).update(
+            state=EntryState.RUNNING,
+            started_at=now,
+            worker=worker,
+            lease_expires_at=Case(  # kept when 2/3 of it are left: as the start function
+                When(
+                    lease_expires_at__gte=now + timedelta(seconds=lease * 2 / 3),
+                    then=F("lease_expires_at"),
+                ),
+                default=Value(renewed),
+            ),
+        )
+        if not changed:
+            return None
+        entry = QueueEntry.objects.only("key", "token", "demand", "lease_expires_at").get(
+            pk=entry_id
+        )
+        until = entry.lease_expires_at or renewed
+        events.transition(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
+    return Claim(entry_id=entry_id, token=token, demand=entry.demand, lease_expires_at=until)

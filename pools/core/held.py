@@ -1,0 +1,67 @@
+"""Held-slot counters: each pool's ``held`` and ``admissions`` columns, changed under its lock.
+
+Every change to the holders of a pool (admit, settle, requeue) moves the counter in the
+same transaction, with the pool's row lock held (:mod:`pools.core.locking`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db.models import Case, F, Value, When
+
+from pools.models import Pool, QueueEntry
+
+
+def held_by_pool(pools: dict[int, Pool]) -> dict[int, int]:
+    """Slots held in each (locked) pool: its ``held`` counter, read with the lock."""
+    return {pid: pool.held for pid, pool in pools.items()}
+
+
+def change_held(
+    pools: dict[str, Pool], entries: Iterable[QueueEntry], sign: int, *, admitted: bool = False
+) -> dict[int, int]:
+    """Add (``sign`` +1) or release (-1) the entries' slots in the locked pools' counters.
+
+    One UPDATE, in the transaction that changes the holders, with the row locks held; the
+    in-memory rows follow, so a pass later in the same transaction reads the new value.
+    With ``admitted=True`` the entries were just admitted, in this order: each pool's
+    ``admissions`` count goes up by its entries, and the result maps each entry id to its
+    ``admission_seq`` (the count of its first pool by name after it).
+    """
+    changes: dict[str, int] = {}
+    counted: dict[str, int] = {}
+    seq: dict[int, int] = {}
+    for entry in entries:
+        for name in sorted(entry.demand):
+            if name not in pools:
+                continue
+            changes[name] = changes.get(name, 0) + sign * entry.demand[name]
+            if admitted:
+                counted[name] = counted.get(name, 0) + 1
+                seq.setdefault(entry.queue_id, pools[name].admissions + counted[name])
+    changed = {name for name, n in changes.items() if n} | set(counted)
+    if not changed:
+        return seq
+    ids = {name: pools[name].pk for name in changed}
+    update: dict[str, Any] = {
+        "held": F("held")
+        + Case(
+            *(When(pk=ids[name], then=Value(changes.get(name, 0))) for name in changed),
+            default=Value(0),
+        )
+    }
+    if counted:
+        update["admissions"] = F("admissions") + Case(
+            *(When(pk=ids[name], then=Value(n)) for name, n in counted.items()),
+            default=Value(0),
+        )
+    Pool.objects.filter(pk__in=list(ids.values())).update(**update)
+    for name in changed:
+        pools[name].held += changes.get(name, 0)
+        pools[name].admissions += counted.get(name, 0)
+    return seq
+
+
+# --------------------------------------------------------------------------- admission pass

@@ -1,0 +1,245 @@
+"""The PostgreSQL engine: enqueue, start and settle as one call of a stored function each.
+
+The functions (``pools/pg/sql/schema.sql``, named by :mod:`pools.pg.functions`, called
+through :mod:`pools.pg.fastpath`) implement ``docs/concepts/contract.md`` as the ORM engine
+(:mod:`pools.core.engines.orm`) does. What they leave to the ORM engine is decided by one
+rule, :func:`handed_to_orm`. Requeue and the admission pass are the ORM engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.utils import timezone
+
+from pools import conf
+from pools.core import dispatch, events, settling
+from pools.core.engines.orm import ORM
+from pools.core.enqueueing import shown
+from pools.core.pass_runs import admit_after_settle, admit_later, follow_up, requeue_unpublished
+from pools.core.records import Admission, Claim, Enqueued, Submission
+from pools.exceptions import DemandExceedsCapacity, PoolFull, UnknownPool
+from pools.pg import fastpath, functions
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What the PostgreSQL engine leaves to the ORM engine (:func:`handed_to_orm`)."""
+
+    #: The whole call: the ORM engine runs it (nothing was written by a function).
+    call: bool = False
+    #: Pools whose admission pass the ORM engine runs after the call committed.
+    pools: frozenset[str] = frozenset()
+
+
+def handed_to_orm(
+    *, sub: Submission | None = None, budgeted: bool = False, reply: fastpath.Reply | None = None
+) -> Handoff:
+    """The one rule by which the PostgreSQL engine hands work to the ORM engine.
+
+    Before an enqueue (``sub``): a submit that is not plain (a job, a policy, an
+    idempotency key, a pinned worker) or of a run with a budget (``budgeted``) is the ORM
+    engine's whole call. After a call (``reply``): a ``policy`` refusal (a pool's paused,
+    draining or overflow policy decides; the function wrote nothing) is too; each
+    ``fallback`` row names a pool whose admission pass the ORM engine runs after commit
+    (a multi-pool head, a head past its deadline, due multi-pool entries, a head that may be
+    ineligible, a draining pool, a pool with a spend cap). See docs/concepts/contract.md.
+    """
+    if sub is not None and (budgeted or not sub.plain):
+        return Handoff(call=True)
+    if reply is None:
+        return Handoff()
+    refused = reply.first("refused")
+    if refused is not None and refused.reason == "policy":
+        return Handoff(call=True)
+    return Handoff(pools=frozenset(reply.fallbacks))
+
+
+class PostgresEngine:
+    """The operations of :class:`pools.core.engine.Engine` as stored-function calls."""
+
+    name = "postgresql"
+    own_worker_connection = True
+
+    def enqueue(
+        self, sub: Submission, now: datetime, deadline: datetime | None, *, budgeted: bool
+    ) -> Enqueued:
+        """One call of the enqueue function, unless :func:`handed_to_orm` says otherwise."""
+        if not handed_to_orm(sub=sub, budgeted=budgeted).call:
+            enqueued = _enqueue_in_one_call(sub, now, deadline)
+            if enqueued is not None:
+                return enqueued
+        return ORM.enqueue(sub, now, deadline, budgeted=budgeted)
+
+    def start(self, entry_id: int, token: int, *, worker: str) -> Claim | None:
+        """One call of the start function."""
+        reply = fastpath.call(
+            functions.name("start"),
+            [
+                entry_id,
+                token,
+                worker,
+                timezone.now(),
+                conf.get().LEASE_SECONDS,
+                fastpath.listening(),
+            ],
+            what="starting a claim",
+        )
+        row = reply.first("started")
+        if row is None or row.at is None:
+            return None
+        events.announce(reply.events, committed=reply.committed)
+        return Claim(
+            entry_id=entry_id, token=token, demand=dict(row.demand or {}), lease_expires_at=row.at
+        )
+
+    def settle(
+        self, entry_id: int, token: int, outcome: str, *, reason: str, live_lease: bool
+    ) -> bool:
+        """One call of the settle function, then the passes it hands to the ORM engine."""
+        return _settle_in_one_call(entry_id, token, outcome, reason, live_lease)
+
+    def requeue(
+        self,
+        entry_id: int,
+        token: int,
+        *,
+        reason: str,
+        admit: bool,
+        lapsed_before: datetime | None,
+        unstarted: bool,
+    ) -> bool:
+        """The ORM engine's requeue (a rare operation: no stored function)."""
+        return ORM.requeue(
+            entry_id,
+            token,
+            reason=reason,
+            admit=admit,
+            lapsed_before=lapsed_before,
+            unstarted=unstarted,
+        )
+
+    def admit(self, names: Iterable[str]) -> list[Admission]:
+        """The ORM engine's admission pass (sweeps, wake-ups, capacity changes)."""
+        return ORM.admit(names)
+
+
+#: The PostgreSQL engine (it keeps no state; pools' own connection is :mod:`fastpath`'s).
+POSTGRESQL = PostgresEngine()
+
+
+def _enqueue_in_one_call(
+    sub: Submission, now: datetime, deadline: datetime | None
+) -> Enqueued | None:
+    """:func:`pools.core.admission.enqueue` as one call of the enqueue function (PostgreSQL fast path).
+
+    ``None`` when a pool policy decides the enqueue (the function wrote nothing): the
+    ORM engine then runs it.
+    """
+    spec = sub.spec
+    reply = fastpath.call(
+        functions.name("enqueue"),
+        [
+            sub.key,
+            sub.task_name,
+            fastpath.jsonb(shown(sub.args)),
+            fastpath.jsonb(shown(sub.kwargs)),
+            fastpath.jsonb(sub.options),
+            fastpath.jsonb(dict(spec.demand)),
+            spec.priority,
+            now,
+            sub.not_before,
+            deadline,
+            sub.origin,
+            sub.root_id or "",
+            sub.parent_id or "",
+            sub.attempt,
+            conf.get().LEASE_SECONDS,
+            fastpath.listening(),
+            sub.fairness_key,
+        ],
+        what=f"pools {', '.join(sorted(spec.demand))}",
+    )
+    handoff = handed_to_orm(reply=reply)
+    if handoff.call:
+        return None
+    refused = reply.first("refused")
+    if refused is not None:
+        pool = refused.pool or ""
+        if refused.reason == "unknown":
+            raise UnknownPool(pool)
+        if refused.reason == "capacity":
+            raise DemandExceedsCapacity(pool, refused.asked or 0, refused.limit or 0)
+        raise PoolFull(pool, refused.limit or 0)
+    enqueued = reply.first("enqueued")
+    if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
+        raise RuntimeError(f"{functions.name('enqueue')} returned neither refused nor enqueued")
+    admissions = _on_commit(reply)
+    admissions += follow_up(set(handoff.pools))
+    return Enqueued(
+        entry_id=enqueued.entry,
+        key=sub.key,
+        admitted=any(a.entry_id == enqueued.entry for a in admissions),
+    )
+
+
+def _on_commit(reply: fastpath.Reply) -> list[Admission]:
+    """Hand a fast-path call's admissions, wake-ups and events to the after-commit hooks."""
+    admissions = [
+        Admission(
+            entry_id=row.entry or 0,
+            key=row.key or "",
+            token=row.token or 0,
+            task_name=row.task or "",
+            args=row.args,
+            kwargs=row.kwargs,
+            options=row.options,
+        )
+        for row in reply.of("admitted")
+    ]
+    # Publishing first: a signal receiver that raises must not keep a message from the broker.
+    dispatch.after_commit(
+        admissions, [], reply.wake, committed=reply.committed, requeue=requeue_unpublished
+    )
+    events.announce(reply.events, committed=reply.committed)
+    return admissions
+
+
+def _settle_in_one_call(
+    entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
+) -> bool:
+    """:func:`pools.core.admission.settle` as one call of the settle function (PostgreSQL fast path)."""
+    reply = fastpath.call(
+        functions.name("settle"),
+        [
+            entry_id,
+            token,
+            outcome,
+            reason,
+            live_lease,
+            timezone.now(),
+            conf.get().LEASE_SECONDS,
+            fastpath.listening(),
+        ],
+        what=f"settling entry {entry_id}",
+    )
+    settled = reply.first("settled")
+    if settled is None:
+        return False
+    _on_commit(reply)
+    job = (settled.detail or {}).get("job", "")
+    # As settle() on the ORM path: one pass over the pools the function left to Python
+    # (the pass settle() runs under its locks), then one follow-up over the pools that
+    # pass needs and those of waiting 'forbid' instances of the job. Merging the two
+    # would run the first pass with more pools locked (a due multi-pool entry could then
+    # join a line that the ORM path's first pass admits from without it).
+    handed = set(handed_to_orm(reply=reply).pools)
+    try:
+        needs = admit_after_settle(handed, settled=entry_id)
+    except Exception as exc:  # the settle has committed: it stands (see follow_up)
+        admit_later(handed, exc)
+        needs = set()
+    follow_up(needs | settling.forbid_waiters(job, settled.demand or {}))
+    return True
