@@ -8,7 +8,6 @@ rule, :func:`handed_to_orm`. Requeue and the admission pass are the ORM engine's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -16,7 +15,7 @@ from django.utils import timezone
 
 from pools import conf
 from pools.core import dispatch, events, settling
-from pools.core.engines.orm import ORM
+from pools.core.engines.orm import OrmEngine
 from pools.core.enqueueing import shown
 from pools.core.pass_runs import admit_after_settle, admit_later, follow_up, requeue_unpublished
 from pools.core.records import Admission, Claim, Enqueued, Submission
@@ -57,8 +56,12 @@ def handed_to_orm(
     return Handoff(pools=frozenset(reply.fallbacks))
 
 
-class PostgresEngine:
-    """The operations of :class:`pools.core.engine.Engine` as stored-function calls."""
+class PostgresEngine(OrmEngine):
+    """Enqueue, start and settle as stored-function calls.
+
+    Requeue (rare) and the admission pass (sweeps, wake-ups, capacity changes) are the ORM
+    engine's, inherited.
+    """
 
     name = "postgresql"
     own_worker_connection = True
@@ -71,7 +74,7 @@ class PostgresEngine:
             enqueued = _enqueue_in_one_call(sub, now, deadline)
             if enqueued is not None:
                 return enqueued
-        return ORM.enqueue(sub, now, deadline, budgeted=budgeted)
+        return super().enqueue(sub, now, deadline, budgeted=budgeted)
 
     def start(self, entry_id: int, token: int, *, worker: str) -> Claim | None:
         """One call of the start function."""
@@ -100,30 +103,6 @@ class PostgresEngine:
     ) -> bool:
         """One call of the settle function, then the passes it hands to the ORM engine."""
         return _settle_in_one_call(entry_id, token, outcome, reason, live_lease)
-
-    def requeue(
-        self,
-        entry_id: int,
-        token: int,
-        *,
-        reason: str,
-        admit: bool,
-        lapsed_before: datetime | None,
-        unstarted: bool,
-    ) -> bool:
-        """The ORM engine's requeue (a rare operation: no stored function)."""
-        return ORM.requeue(
-            entry_id,
-            token,
-            reason=reason,
-            admit=admit,
-            lapsed_before=lapsed_before,
-            unstarted=unstarted,
-        )
-
-    def admit(self, names: Iterable[str]) -> list[Admission]:
-        """The ORM engine's admission pass (sweeps, wake-ups, capacity changes)."""
-        return ORM.admit(names)
 
 
 #: The PostgreSQL engine (it keeps no state; pools' own connection is :mod:`fastpath`'s).
