@@ -160,3 +160,24 @@ def within(graph: Iterable[Edge], package: str) -> set[Edge]:
         return name == package or name.startswith(f"{package}.")
 
     return {(s, t) for s, t in graph if inside(s) and inside(t)}
+
+
+def imported(root: Path, package: str) -> dict[str, set[str]]:
+    """Every absolute name each module of ``package`` imports, third-party ones too.
+
+    ``from a.b import c`` gives ``a.b.c`` (a module or a name in one), relative imports
+    resolved; imports under ``if TYPE_CHECKING:`` are left out, as in :func:`targets`.
+    """
+    found: dict[str, set[str]] = {}
+    for module, path in modules(root, package).items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        is_package = path.name == "__init__.py"
+        names: set[str] = set()
+        for node in _imports(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            else:
+                base = _base(module, is_package, node)
+                names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
+        found[module] = names
+    return found
