@@ -16,7 +16,7 @@ from pools.core import dispatch, spendcap
 from pools.core.admission_pass import PassResult, admit_locked
 from pools.core.locking import locked_pools
 from pools.core.records import Admission, Finished
-from pools.models import Pool, QueueEntry
+from pools.models import EntryState, Pool, QueueEntry
 
 logger = logging.getLogger("pools.core.admission")
 
@@ -136,3 +136,26 @@ def admit_after_settle(names: set[str], *, settled: int) -> set[str]:
             entry = QueueEntry.objects.only("demand", "admitted_at", "finished_at").get(pk=settled)
             spendcap.add_spend(pools, entry, entry.finished_at or timezone.now())
         return admit_in(pools, timezone.now())
+
+
+def end_waiting(
+    rows: Iterable[tuple[int, dict[str, int]]],
+    now: datetime,
+    finish: Callable[[list[QueueEntry], datetime], list[Finished]],
+) -> int:
+    """End the waiting entries of ``rows`` (id, demand) with ``finish``, pools' locks held.
+
+    One transaction per set of pools; the freed places are admitted at once.
+    """
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for queue_id, demand in rows:
+        groups.setdefault(tuple(sorted(demand)), []).append(queue_id)
+    count = 0
+    for names, ids in groups.items():
+        with locked_pools(names) as pools:
+            entries = list(QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING))
+            finished = finish(entries, now)
+            needs = admit_in(pools, now, finished)
+        follow_up(needs)
+        count += len(entries)
+    return count

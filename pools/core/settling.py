@@ -8,7 +8,7 @@ The contract is ``docs/concepts/contract.md``; the public services are re-export
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -20,8 +20,8 @@ from pools.core import budgets, dispatch, events, spendcap
 from pools.core.ending import expire_entries, finish_waiting
 from pools.core.held import change_held
 from pools.core.locking import locked_pools, unavailable_on_error
-from pools.core.pass_runs import admit_in, admit_later, follow_up, on_unpublished
-from pools.core.records import BUDGET, Admission, Finished
+from pools.core.pass_runs import admit_in, admit_later, end_waiting, follow_up, on_unpublished
+from pools.core.records import BUDGET, Admission
 from pools.core.supersession import supersede_retries
 from pools.exceptions import EntryNotFound, NotCancellable
 from pools.models import (
@@ -216,7 +216,7 @@ def expire_due(now: datetime, *, limit: int = 500) -> int:
         .order_by("deadline")
         .values_list("queue_id", "demand")[:limit]
     )
-    return _end_waiting(rows, now, expire_entries)
+    return end_waiting(rows, now, expire_entries)
 
 
 def cancel_waiting(entry_ids: Sequence[int], *, reason: str, actor: str | None = None) -> int:
@@ -234,7 +234,7 @@ def cancel_waiting(entry_ids: Sequence[int], *, reason: str, actor: str | None =
                 .filter(pk__in=entry_ids[start : start + 500])
                 .values_list("queue_id", "demand")
             )
-        cancelled += _end_waiting(
+        cancelled += end_waiting(
             rows,
             now,
             lambda entries, at: finish_waiting(
@@ -242,29 +242,6 @@ def cancel_waiting(entry_ids: Sequence[int], *, reason: str, actor: str | None =
             ),
         )
     return cancelled
-
-
-def _end_waiting(
-    rows: Iterable[tuple[int, dict[str, int]]],
-    now: datetime,
-    finish: Callable[[list[QueueEntry], datetime], list[Finished]],
-) -> int:
-    """End the waiting entries of ``rows`` (id, demand) with ``finish``, pools' locks held.
-
-    One transaction per set of pools; the freed places are admitted at once.
-    """
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for queue_id, demand in rows:
-        groups.setdefault(tuple(sorted(demand)), []).append(queue_id)
-    count = 0
-    for names, ids in groups.items():
-        with locked_pools(names) as pools:
-            entries = list(QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING))
-            finished = finish(entries, now)
-            needs = admit_in(pools, now, finished)
-        follow_up(needs)
-        count += len(entries)
-    return count
 
 
 def cancel_if_waiting(key: str, *, reason: str) -> bool:

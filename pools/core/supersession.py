@@ -12,8 +12,8 @@ from typing import Any
 from django.utils import timezone
 
 from pools.core.ending import finish_waiting
-from pools.core.locking import locked_pools, unavailable_on_error
-from pools.core.pass_runs import admit_in, follow_up
+from pools.core.locking import unavailable_on_error
+from pools.core.pass_runs import end_waiting
 from pools.core.records import Finished, Submission
 from pools.models import ConcurrencyPolicy, EntryState, Origin, Pool, QueueEntry
 
@@ -97,18 +97,11 @@ def end_waiting_of_job(
         rows = rows.filter(pk__in=list(ids))
     with unavailable_on_error(f"ending waiting entries of job {job}"):
         found = list(rows.values_list("queue_id", "demand")[:JOB_BATCH])
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for queue_id, demand in found:
-        groups.setdefault(tuple(sorted(demand)), []).append(queue_id)
-    count = 0
-    for names, ids in groups.items():
-        with locked_pools(names) as pools:
-            entries = list(QueueEntry.objects.filter(pk__in=ids, state=EntryState.WAITING))
-            finished = finish_waiting(entries, state, timezone.now(), reason=reason[:255])
-            needs = admit_in(pools, timezone.now(), finished)
-        follow_up(needs)
-        count += len(entries)
-    return count
+    return end_waiting(
+        found,
+        timezone.now(),
+        lambda entries, now: finish_waiting(entries, state, now, reason=reason[:255]),
+    )
 
 
 def supersede_retries(job: str, *, reason: str) -> int:
