@@ -8,11 +8,13 @@ whose own connection prepares statements fail their pooled tasks through it.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pools.models import Pool
 from tests import pgbouncer
-from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
+from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.testapp.tasks import ACCEPT_POOL, span
 
 pytestmark = [*WORKER_TEST_MARKS, pytest.mark.postgres, pytest.mark.pgbouncer]
@@ -55,12 +57,25 @@ def test_pgbouncer__sabotage_prepared_statements_break_pooled_tasks(
     makes a start retry for ever)."""
     monkeypatch.setenv("POOLS_TEST_PREPARED_STATEMENTS", "1")
     workers = celery_workers(count=1, concurrency=4, allow_errors=True)
-    Pool.objects.create(name=ACCEPT_POOL, slots=2)
-    results = [span.delay(i, 0.01) for i in range(CALLS)]
-    wait_for(
-        lambda: 'prepared statement "_pg3_' in workers[0].log_text(),
-        RESULT_TIMEOUT,
-        "a worker to log a prepared statement error",
-    )
-    for r in results:
+    Pool.objects.create(name=ACCEPT_POOL, slots=4)
+    # The clash needs two clients that each prepared a statement (psycopg prepares a query
+    # on its fifth run) to meet on one server connection: bodies long enough that the four
+    # children run side by side, and more calls until one does (a lone child, as a CI run
+    # once had, can run 40 calls on one server connection without a clash).
+    sent: list = []
+    deadline = time.monotonic() + RESULT_TIMEOUT
+    while 'prepared statement "_pg3_' not in workers[0].log_text():
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"timed out after {RESULT_TIMEOUT:.0f}s ({len(sent)} calls) waiting for a "
+                "worker to log a prepared statement error"
+            )
+        sent.extend(span.delay(len(sent) + i, 0.05) for i in range(CALLS))
+        batch_end = time.monotonic() + 5.0
+        while (
+            time.monotonic() < batch_end
+            and 'prepared statement "_pg3_' not in workers[0].log_text()
+        ):
+            time.sleep(0.1)
+    for r in sent:
         r.forget()
