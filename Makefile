@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install demo screenshots dist test test-lowest test-sqlite test-postgres test-quickstart test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client pgbouncer test-pgbouncer lint docs services clean
+.PHONY: install demo screenshots dist test test-quick test-lowest test-sqlite test-postgres test-quickstart test-upgrade test-mariadb test-rabbitmq test-chaos test-browser test-peer peer-full browsers mysql-client pgbouncer test-pgbouncer lint docs services clean
 
 $(STAMP): pyproject.toml | mysql-client
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,11 @@ dist: install
 	$(BIN)/twine check --strict dist/*
 	POOLS_DIST_DIR=dist POOLS_TEST_DB=sqlite $(BIN)/pytest -q -p no:cacheprovider \
 		tests/unit/test_wheel.py
+
+# The inner loop: lint, then the unit tests and the SQLite integration tests, stopping at the
+# first failure (no servers, no workers; ~5 min). `make test` is the whole suite.
+test-quick: install lint
+	POOLS_TEST_DB=sqlite $(BIN)/pytest -q -x -m "not postgres" tests/unit tests/integration
 
 test-sqlite: install
 	POOLS_TEST_DB=sqlite $(BIN)/pytest -q -m "not postgres" tests/unit tests/integration \
