@@ -19,6 +19,7 @@ class PoolsConfig(AppConfig):
     def ready(self) -> None:
         from pools import checks  # noqa: F401  (registers the system checks)
         from pools.celery import beat, gate, tasks, worker  # noqa: F401  (signal handlers, tasks)
+        from pools.celery import checks as celery_checks  # noqa: F401  (registers its checks)
 
         gate.install()
         beat.connect_signals()

@@ -1,4 +1,4 @@
-"""Django system checks for pool configuration (ids ``pools.E001``...) and the Celery side (``pools.W002``, ``pools.W003``)."""
+"""Django system checks for pool configuration (ids ``pools.E001``...) and the Celery side (``pools.W002``, ``pools.W003``; the Celery app itself: ``pools.celery.checks``)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def check_database(
 @register()
 def check_celery_integration(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """What the Celery side needs: a scheduled sweep and kept worker database connections."""
-    app = _celery_app()
+    app = celery_app()
     warnings: list[CheckMessage] = []
     if not apps.is_installed("django_celery_beat") and not _sweep_in_beat_schedule(app):
         warnings.append(
@@ -152,7 +152,7 @@ def check_celery_integration(app_configs: Any = None, **kwargs: Any) -> list[Che
     return warnings
 
 
-def _celery_app() -> Celery | None:
+def celery_app() -> Celery | None:
     """The project's Celery app, if one was created (``proj/celery.py``), else ``None``.
 
     ``celery.current_app`` would make up an unconfigured default app when there is none,

@@ -1,4 +1,5 @@
-"""System checks of the Celery side: pools.W002 (no beat: no sweep), pools.W003 (no DB reuse)."""
+"""System checks of the Celery side: pools.W002 (no beat: no sweep), pools.W003 (no DB reuse),
+pools.W004 (no project app), pools.W005 (transport package missing), pools.W006 (prefetch)."""
 
 from __future__ import annotations
 
@@ -140,3 +141,104 @@ def test_checks__the_test_project_is_clean(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(_state._tls, "current_app", app)
     assert _ids() == []
+    assert _app_ids() == []
+
+
+# --------------------------------------------------------------------------- pools.W004-W006
+
+
+def _app_ids() -> list[str]:
+    from pools.celery.checks import check_celery_app
+
+    return [message.id or "" for message in check_celery_app()]
+
+
+def test_w004__fires_when_no_celery_app_was_loaded_with_django(no_app: None) -> None:
+    from pools.celery.checks import check_celery_app
+
+    (warning,) = check_celery_app()
+    assert warning.id == "pools.W004"
+    assert "Celery's default app" in warning.msg and "CELERY_* settings" in warning.msg
+    assert warning.hint is not None and "from .celery import app as celery_app" in warning.hint
+    assert _state.default_app is None  # the check made no app up
+
+
+def test_w004__silent_with_the_projects_app(make_app: Any) -> None:
+    make_app({"CELERY_WORKER_PREFETCH_MULTIPLIER": 1}, namespace="CELERY")
+    assert _app_ids() == []
+
+
+def test_w005__fires_for_a_broker_whose_transport_package_is_missing(
+    make_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from pools.celery import checks as celery_checks
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        celery_checks.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "redis" else real(name, *a),
+    )
+    make_app(
+        {
+            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0",
+            "CELERY_RESULT_BACKEND": "rpc://",
+            "CELERY_WORKER_PREFETCH_MULTIPLIER": 1,
+        },
+        namespace="CELERY",
+    )
+    (warning,) = check_celery_app_messages()
+    assert warning.id == "pools.W005"
+    assert "broker_url redis://..." in warning.msg and "'redis'" in warning.msg
+    assert warning.hint == "pip install 'django-celery-pools[redis]'."
+
+
+def test_w005__silent_when_the_package_is_installed_or_the_scheme_needs_none(
+    make_app: Any,
+) -> None:
+    make_app(
+        {
+            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0",
+            "CELERY_RESULT_BACKEND": "django-db",
+            "CELERY_WORKER_PREFETCH_MULTIPLIER": 1,
+        },
+        namespace="CELERY",
+    )
+    assert _app_ids() == []  # redis is installed here (the test extra has it)
+    make_app({"CELERY_BROKER_URL": "amqp://guest@localhost//"}, namespace="CELERY")
+    assert "pools.W005" not in _app_ids()
+
+
+@pytest.mark.parametrize("multiplier", [4, 0])
+def test_w006__fires_when_workers_prefetch_more_than_one_message(
+    make_app: Any, multiplier: int
+) -> None:
+    make_app({"CELERY_WORKER_PREFETCH_MULTIPLIER": multiplier}, namespace="CELERY")
+    (warning,) = check_celery_app_messages()
+    assert warning.id == "pools.W006"
+    assert f"worker_prefetch_multiplier {multiplier}" in warning.msg
+    assert warning.hint is not None and "CELERY_WORKER_PREFETCH_MULTIPLIER = 1" in warning.hint
+
+
+def test_w006__silent_when_celerys_default_is_changed_to_one_or_prefetch_is_off(
+    make_app: Any,
+) -> None:
+    make_app({}, namespace="CELERY")  # Celery's default multiplier is 4
+    assert _app_ids() == ["pools.W006"]
+    make_app({"CELERY_WORKER_PREFETCH_MULTIPLIER": 1}, namespace="CELERY")
+    assert _app_ids() == []
+    make_app({"CELERY_WORKER_DISABLE_PREFETCH": True}, namespace="CELERY")
+    assert _app_ids() == []
+
+
+def test_w004_w006__registered_with_django(make_app: Any) -> None:
+    make_app({"CELERY_DB_REUSE_MAX": 1000}, namespace="CELERY")
+    assert "pools.W006" in {message.id for message in run_checks()}
+
+
+def check_celery_app_messages() -> list[Any]:
+    from pools.celery.checks import check_celery_app
+
+    return check_celery_app()
