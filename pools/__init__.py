@@ -30,13 +30,13 @@ from pools.exceptions import (
     UnknownPool,
     UnserializableArguments,
 )
+from pools.specs import PoolSpec, with_arguments_of
 
 if TYPE_CHECKING:
     from pools.core.budgets import Charged, Spend
     from pools.core.leases import Claim
     from pools.core.snapshots import PoolSnapshot
     from pools.models import QueueEntry
-    from pools.specs import KeySource
 
 T = TypeVar("T")
 
@@ -74,19 +74,8 @@ __all__ = [
 ]
 
 
-def pooled(
-    pools: str | Mapping[str, int] | None = None,
-    slots: int = 1,
-    *,
-    priority: int = 0,
-    queue_timeout: float | None = None,
-    concurrency_policy: str = "allow",
-    job_key: KeySource = None,
-    idempotency_key: KeySource = None,
-    max_running: int | None = None,
-    fairness_key: KeySource | int = None,
-    rate: str | float | list[str] | None = None,
-) -> Callable[[T], T]:
+@with_arguments_of(PoolSpec.build)
+def pooled(*args: Any, **options: Any) -> Callable[[T], T]:
     """Limit a Celery task by named resource pools; see :func:`pools.celery.decorators.pooled`.
 
     ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
@@ -101,18 +90,7 @@ def pooled(
     """
     from pools.celery.decorators import pooled as _pooled
 
-    return _pooled(
-        pools,
-        slots,
-        priority=priority,
-        queue_timeout=queue_timeout,
-        concurrency_policy=concurrency_policy,
-        job_key=job_key,
-        idempotency_key=idempotency_key,
-        max_running=max_running,
-        fairness_key=fairness_key,
-        rate=rate,
-    )
+    return _pooled(*args, **options)
 
 
 def limit_run(

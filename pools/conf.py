@@ -40,7 +40,7 @@ class PoolsSettings:
     #: against the grace at start-up, ``pools.E005``; NTP keeps it to milliseconds).
     CLOCK_SKEW_SECONDS: float = 0.5
     #: Dotted path of the callable that publishes admitted entries (Celery glue by default).
-    PUBLISHER: str = "pools.celery.gate.bridge"
+    PUBLISHER: str = "pools.celery.bridge.bridge"
     #: Interval of the sweep periodic task (lapsed leases, deadlines, admission safety pass).
     SWEEP_SECONDS: float = 5.0
     #: How long finished entries and events are kept for the UI before the sweep prunes them.

@@ -6,12 +6,14 @@ applied), by per-call overrides and by the enqueue service.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from pools import rates_text
 from pools.exceptions import PoolConfigurationError
@@ -83,6 +85,39 @@ MAX_KEY_LENGTH = 200
 #: A job key or idempotency key: a fixed string (per call) or a callable of the task's
 #: arguments (``@pooled``) returning one (or None: no key for that call).
 KeySource = Callable[..., object] | str | None
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def with_arguments_of(source: Callable[P, object]) -> Callable[[Callable[..., R]], Callable[P, R]]:
+    """Give a function of ``(*args, **kwargs)`` the parameters of ``source``.
+
+    Type checkers see ``source``'s parameters (names, types, defaults) on the decorated
+    function; so do ``inspect.signature`` and ``help()``, with the decorated function's
+    own return annotation. ``@pooled`` uses it to define its parameters once
+    (:meth:`PoolSpec.build`).
+    """
+
+    signature = inspect.signature(source)
+
+    def apply(func: Callable[..., R]) -> Callable[P, R]:
+        @functools.wraps(func)
+        def checked(*args: Any, **kwargs: Any) -> R:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as exc:  # what Python says of a call that does not fit
+                raise TypeError(f"{func.__name__}() {exc}") from None
+            return func(*args, **kwargs)
+
+        returns = inspect.signature(func).return_annotation
+        checked.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            return_annotation=returns
+        )
+        return checked
+
+    return apply
+
 
 #: The kinds of run budget, in the order they are checked and shown.
 BUDGET_KINDS = ("seconds", "cost", "tokens")
@@ -424,7 +459,7 @@ class PoolSpec:
     @classmethod
     def build(
         cls,
-        pools: str | Mapping[str, int] | None,
+        pools: str | Mapping[str, int] | None = None,
         slots: int = 1,
         *,
         priority: int = 0,
@@ -434,9 +469,15 @@ class PoolSpec:
         idempotency_key: KeySource = None,
         max_running: int | None = None,
         fairness_key: KeySource | int = None,
-        rate: Any = None,
+        rate: str | float | list[str] | None = None,
     ) -> PoolSpec:
-        """Validate decorator-style arguments and return a spec."""
+        """Validate decorator-style arguments and return a spec.
+
+        This is the one definition of ``@pooled``'s parameters: ``pools.pooled`` and
+        :func:`pools.celery.decorators.pooled` take them from here
+        (:func:`with_arguments_of`), so a new option is one edit here (and its row in
+        docs/reference/python-api.md).
+        """
         if max_running is not None:
             max_running = positive_int(max_running, what="max_running")
         task_rate = rates_text.normalize(rate, what="@pooled(rate=...)")

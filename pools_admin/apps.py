@@ -5,15 +5,14 @@ from __future__ import annotations
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
-#: The index template the default admin site gets (it extends ``admin/index.html``).
-INDEX_TEMPLATE = "pools_admin/index.html"
+from pools_admin.index import INDEX_TEMPLATE
 
 
 class PoolsAdminConfig(AppConfig):
     """``pools_admin``: Django admin integration for resource pools.
 
     ``ready()`` points the default admin site's ``index_template`` at
-    :data:`INDEX_TEMPLATE` unless the project set one of its own (then add
+    :data:`~pools_admin.index.INDEX_TEMPLATE` unless the project set one of its own (then add
     ``{% load pools_admin %}{% pools_card %}`` to it). Templates are looked up by name,
     so this works wherever ``pools_admin`` stands in ``INSTALLED_APPS``; the system check
     ``pools_admin.W001`` says when the card or "Run now" could not be installed.

@@ -6,13 +6,13 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Warning, register
 
+from pools_admin.index import INDEX_TEMPLATE
+
 
 @register("admin")
 def check_admin(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """The card is on the admin index and "Run now" on the PeriodicTask admin."""
     from django.contrib import admin
-
-    from pools_admin.apps import INDEX_TEMPLATE
 
     found: list[CheckMessage] = []
     if admin.site.index_template not in (None, INDEX_TEMPLATE):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task
@@ -22,7 +22,7 @@ from celery.local import PromiseProxy, Proxy
 
 from pools.celery import worker
 from pools.exceptions import PoolConfigurationError
-from pools.specs import KeySource, PoolSpec
+from pools.specs import PoolSpec, with_arguments_of
 
 T = TypeVar("T")
 
@@ -30,19 +30,8 @@ T = TypeVar("T")
 SPEC_ATTR = "__pooled__"
 
 
-def pooled(
-    pools: str | Mapping[str, int] | None = None,
-    slots: int = 1,
-    *,
-    priority: int = 0,
-    queue_timeout: float | None = None,
-    concurrency_policy: str = "allow",
-    job_key: KeySource = None,
-    idempotency_key: KeySource = None,
-    max_running: int | None = None,
-    fairness_key: KeySource | int = None,
-    rate: str | float | list[str] | None = None,
-) -> Callable[[T], T]:
+@with_arguments_of(PoolSpec.build)
+def pooled(*args: Any, **options: Any) -> Callable[[T], T]:
     """Limit a Celery task by one or more named resource pools.
 
     ``@pooled("warehouse", slots=2, priority=10, queue_timeout=1800)`` or
@@ -66,18 +55,7 @@ def pooled(
     window, across every worker (the global counterpart of Celery's per-worker
     ``rate_limit``). It lives on the task's own pool with ``max_running``, if given.
     """
-    spec = PoolSpec.build(
-        pools,
-        slots,
-        priority=priority,
-        queue_timeout=queue_timeout,
-        concurrency_policy=concurrency_policy,
-        job_key=job_key,
-        idempotency_key=idempotency_key,
-        max_running=max_running,
-        fairness_key=fairness_key,
-        rate=rate,
-    )
+    spec = PoolSpec.build(*args, **options)
 
     def decorate(obj: T) -> T:
         kind = type(obj)  # type(), not isinstance(): a Proxy would evaluate itself

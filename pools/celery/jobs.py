@@ -15,7 +15,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pools.celery import gate, refusals
+from celery import current_app
+from celery.utils import uuid
+
+from pools.celery import refusals
+from pools.celery.messages import CALL_OPTION, ORIGIN_OPTION
+from pools.celery.task_specs import spec_for
 from pools.exceptions import JobNotFound, PoolConfigurationError, PoolError
 from pools.models import Origin, QueueEntry
 
@@ -59,8 +64,6 @@ def start_job(name: str, *, origin: Origin = Origin.MANUAL, worker: str = "") ->
     after the warning ``Job <name> could not enter pool <pool>: <reason>`` on the
     ``pools`` logger (:mod:`pools.celery.refusals`).
     """
-    from celery import current_app
-    from celery.utils import uuid
     from django_celery_beat.models import PeriodicTask
 
     job = PeriodicTask.objects.filter(name=name).first()
@@ -70,7 +73,7 @@ def start_job(name: str, *, origin: Origin = Origin.MANUAL, worker: str = "") ->
     kwargs = _json_field(job.kwargs, {}, name, "kwargs")
     headers = _json_field(job.headers, {}, name, "headers")
     headers["periodic_task_name"] = job.name  # what beat adds: the job a call belongs to
-    options: dict[str, Any] = {"headers": headers, gate.ORIGIN_OPTION: origin}
+    options: dict[str, Any] = {"headers": headers, ORIGIN_OPTION: origin}
     for option in ("queue", "exchange", "routing_key", "priority"):
         value = getattr(job, option)
         if value is not None and value != "":
@@ -80,7 +83,7 @@ def start_job(name: str, *, origin: Origin = Origin.MANUAL, worker: str = "") ->
     elif job.expire_seconds is not None:
         options["expires"] = job.expire_seconds
     key = uuid()
-    spec = gate.spec_for(current_app, job.task)
+    spec = spec_for(current_app, job.task)
     pooled = spec is not None
     if worker:
         if spec is None:
@@ -88,7 +91,7 @@ def start_job(name: str, *, origin: Origin = Origin.MANUAL, worker: str = "") ->
                 f"Periodic task {name!r} runs {job.task}, which is not pooled: only a pooled "
                 f"task can be pinned to a worker."
             )
-        options[gate.CALL_OPTION] = {"worker": worker}
+        options[CALL_OPTION] = {"worker": worker}
     try:
         result = current_app.send_task(job.task, args, kwargs, task_id=key, **options)
     except PoolError as exc:  # refused or unreachable: nothing was queued

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from kombu import Queue
-from kombu.compression import compress
+from kombu.compression import compress, decompress
 from kombu.serialization import dumps as serialize
 from kombu.serialization import loads as deserialize
 from kombu.serialization import prepare_accept_content
+from kombu.serialization import registry as kombu_registry  # type: ignore[attr-defined]
 from kombu.utils import json as kombu_json
 
 #: Message header carrying ``"<entry id>:<token>"`` on admitted messages.
@@ -139,8 +140,6 @@ class HeldMessage:
         body = self.body
         compression = self.headers.get("compression")
         if compression:
-            from kombu.compression import decompress
-
             body = decompress(body, compression)
         if accept is not None:  # names ("json") or content types, as Celery's setting
             accept = prepare_accept_content(accept)
@@ -152,12 +151,8 @@ class HeldMessage:
 
 def copy_for(message: HeldMessage, task_id: str, args: Any, kwargs: Any = None) -> HeldMessage:
     """The same call under another task id with other arguments (bulk copies, benchmarks)."""
-    from dataclasses import replace
-
-    from kombu.serialization import registry  # type: ignore[attr-defined]
-
     _, old_kwargs, embed = message.decode()
-    serializer = registry.type_to_name[message.content_type]
+    serializer = kombu_registry.type_to_name[message.content_type]
     body: Any
     _, encoding, body = serialize(
         (list(args), old_kwargs if kwargs is None else kwargs, embed), serializer=serializer

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any
 
+from celery.app import control
+
 from pools.celery import messages
 from pools.core import admission
 from pools.models import QueueEntry
@@ -27,8 +29,6 @@ _original_purge: Callable[..., int] | None = None
 def install() -> None:
     """Wrap ``Control.purge`` (once per process)."""
     global _original_purge
-    from celery.app import control
-
     if _original_purge is not None:
         return
     _original_purge = control.Control.purge

@@ -42,6 +42,7 @@ from typing import Any
 
 from celery import signals
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.worker import state as worker_state
 from django.db import DatabaseError, connection
 
 from pools import conf
@@ -222,9 +223,7 @@ def _run() -> None:
 def renew_waiting() -> None:
     """One pass: renew every received claim not yet accepted, and the running ones a hard
     time limit will end whose lease is near its end; forget the finished ones."""
-    from celery.worker import state
-
-    active = set(state.active_requests)
+    active = set(worker_state.active_requests)
     with _lock:
         held = list(_received.values())
     now = time.monotonic()

@@ -20,10 +20,11 @@ from typing import Any
 from billiard import common as billiard_common
 from celery import current_task, signals
 from celery.exceptions import Ignore
-from django.db import connection
+from celery.worker import state as worker_state
+from django.db import connection, connections
 
 from pools import checks, conf
-from pools.celery import messages, received
+from pools.celery import default_pool, messages, received
 from pools.celery.keeper import body_running, keeper
 from pools.celery.messages import claim_of
 from pools.core import admission, budgets, leases, locking, nodes
@@ -182,12 +183,10 @@ def start_claim(entry_id: int, token: int, *, worker: str, what: str) -> Claim |
 
 def _needs_claim(task: Any, request: Any) -> bool:
     """False for a task gated only for the default pool, delivered from another queue."""
-    from pools.celery import gate
-
-    if task.name not in gate.DEFAULT_GATED:
+    if task.name not in default_pool.DEFAULT_GATED:
         return True
     info = getattr(request, "delivery_info", None) or {}
-    return gate.is_default_queue(str(info.get("routing_key") or ""))
+    return default_pool.is_default_queue(str(info.get("routing_key") or ""))
 
 
 def _enqueue_unclaimed(task: Any, request: Any) -> None:
@@ -324,8 +323,6 @@ def _bound_database_sockets(**kwargs: Any) -> None:
     network then fail within a bound instead of hanging. Connections opened afterwards
     get them (Celery's Django fix-up closes the parent's at process start).
     """
-    from django.db import connections
-
     for alias in connections:
         settings_dict = connections.settings[alias]
         if settings_dict.get("ENGINE", "").endswith("postgresql"):
@@ -377,11 +374,9 @@ def _release_reserved(sender: Any = None, **kwargs: Any) -> None:
     no task bodies) puts them back in line at once; the returned messages are then stale
     and skipped, and one that starts anyway during a warm shutdown finds its token stale.
     """
-    from celery.worker import state
-
-    active = {r.id for r in list(state.active_requests)}
+    active = {r.id for r in list(worker_state.active_requests)}
     claims = {r.task_id: (r.entry_id, r.token) for r in received.waiting()}
-    for request in list(state.reserved_requests):
+    for request in list(worker_state.reserved_requests):
         parsed = claim_of(received.headers_of(request))
         if parsed is not None and request.id not in active:
             claims.setdefault(request.id, parsed)

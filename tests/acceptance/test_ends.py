@@ -28,7 +28,7 @@ import pytest
 from celery.exceptions import TimeLimitExceeded
 from celery.result import AsyncResult
 
-from pools.celery import gate
+from pools.celery import sending
 from pools.core import sweeps
 from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
 from tests.acceptance import faults_support
@@ -298,12 +298,12 @@ def test_ends__eta_held_in_the_worker_keeps_its_lease(
     """A message admitted before its ETA (as clock skew between the database and a worker
     does; here the caller drops the ETA from its admission) waits in the worker several
     leases (3 s) and runs once, at its ETA, on its first admission."""
-    original = gate._submission
+    original = sending._submission
 
     def no_wait(*args: Any, **kwargs: Any) -> Any:
         return dataclasses.replace(original(*args, **kwargs), not_before=None)
 
-    monkeypatch.setattr(gate, "_submission", no_wait)
+    monkeypatch.setattr(sending, "_submission", no_wait)
     Pool.objects.create(name=ENDS_POOL, slots=1)
     celery_workers(count=1, concurrency=2)
     celery_beat()

@@ -13,7 +13,8 @@ from typing import Any
 from celery.result import AsyncResult
 from celery.utils import uuid
 
-from pools.celery import gate
+from pools.celery import originals
+from pools.celery.messages import CLAIM_HEADER
 from pools.core import events as pool_events
 from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
@@ -46,8 +47,7 @@ def runs(path: Path) -> list[dict]:
 
 def send_around_gate(name: str, args: list[Any], **options: Any) -> AsyncResult[Any]:
     """Publish with Celery's own ``send_task``, as a process without the gate would."""
-    assert gate._original_send_task is not None
-    result: AsyncResult[Any] = gate._original_send_task(app, name, args, {}, **options)
+    result: AsyncResult[Any] = originals.send_task(app, name, args, {}, **options)
     return result
 
 
@@ -97,7 +97,7 @@ def test_worker__duplicate_delivery_of_admitted_message_runs_body_once(
     assert admitted.key == result.id
     assert QueueEntry.objects.get(key=result.id).state == EntryState.ADMITTED
 
-    headers = {gate.CLAIM_HEADER: f"{admitted.entry_id}:{admitted.token}"}
+    headers = {CLAIM_HEADER: f"{admitted.entry_id}:{admitted.token}"}
     for _ in range(2):  # the same message twice, back to back (two workers may race)
         send_around_gate(noted.name, list(admitted.args), task_id=admitted.key, headers=headers)
 
@@ -126,7 +126,7 @@ def test_worker__redelivery_after_settle_is_skipped(
     entry = wait_settled(result.id)
     assert entry.state == EntryState.SUCCEEDED
 
-    headers = {gate.CLAIM_HEADER: f"{entry.queue_id}:{entry.token}"}
+    headers = {CLAIM_HEADER: f"{entry.queue_id}:{entry.token}"}
     send_around_gate(noted.name, [str(path), 1, 1], task_id=result.id, headers=headers)
     wait_for(lambda: events(result.id, EventKind.SKIPPED), 30, "the stale delivery to be skipped")
     assert len(events(result.id, EventKind.STARTED)) == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pytest_django import Settings
 
-from pools.celery import gate
+from pools.celery import default_pool
 from pools.core import declarations, settings_sync
 from pools.models import EntryState, Pool, QueueEntry
 from tests.bridge import RecordingBridge
@@ -60,7 +60,7 @@ def test_celery_and_pools_tasks__never_go_through_the_default_pool(
 ) -> None:
     from tests.celery_app import app
 
-    assert gate.default_spec(app, "pools.sweep", (), {}, {}) is None
-    assert gate.default_spec(app, "celery.chord_unlock", (), {}, {}) is None
-    spec = gate.default_spec(app, free_span.name, (1,), {}, {})
+    assert default_pool.default_spec(app, "pools.sweep", (), {}, {}) is None
+    assert default_pool.default_spec(app, "celery.chord_unlock", (), {}, {}) is None
+    spec = default_pool.default_spec(app, free_span.name, (1,), {}, {})
     assert spec is not None and spec.demand == {"default": 1}

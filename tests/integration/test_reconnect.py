@@ -43,9 +43,9 @@ def test_countdown_call_while_the_broker_is_down__is_kept_and_does_not_fail(
     """The timed wake-up of a delayed entry cannot be sent: the call still succeeds."""
     from kombu.exceptions import OperationalError
 
-    from pools.celery import gate
+    from pools.celery import originals
 
-    original = gate._original_send_task
+    original = originals._original_send_task
     assert original is not None
     sent: list[str] = []
 
@@ -55,7 +55,7 @@ def test_countdown_call_while_the_broker_is_down__is_kept_and_does_not_fail(
             raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
         return original(app, name, *args, **kwargs)
 
-    monkeypatch.setattr(gate, "_original_send_task", broker_down)
+    monkeypatch.setattr(originals, "_original_send_task", broker_down)
     result = record.apply_async(args=(3,), countdown=30)
     assert QueueEntry.objects.filter(key=result.id).exists()
     assert "pools.admit" in sent, "the call asked for a timed wake-up"

@@ -175,10 +175,10 @@ def test_below_app_task__autoretry_is_gated_once(app: Celery, gated_calls: list[
 @pytest.mark.filterwarnings("ignore::celery.exceptions.DuplicateTaskNameWarning")
 def test_spec_for__finds_a_shared_task_by_name_before_the_app_is_finalized() -> None:
     """send_task("name") from a process whose app is not finalized yet is still gated."""
-    from pools.celery import gate
+    from pools.celery import task_specs
     from tests.testapp import tasks  # noqa: F401  (registers the @shared_task tasks)
 
     fresh = Celery("unfinalized", set_as_current=False)
     assert not fresh.finalized  # type: ignore[attr-defined]  # not in celery-types
-    spec = gate.spec_for(fresh, "tests.testapp.tasks.record")
+    spec = task_specs.spec_for(fresh, "tests.testapp.tasks.record")
     assert spec is not None and spec.demand == {"warehouse": 1}

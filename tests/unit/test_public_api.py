@@ -10,11 +10,14 @@ import inspect
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, assert_type
+from typing import TYPE_CHECKING, Any, assert_type
+
+import pytest
 
 import pools
 from pools.celery import decorators, worker
 from pools.core import admission, snapshots
+from pools.specs import PoolSpec, with_arguments_of
 
 if TYPE_CHECKING:
     from pools.core.leases import Claim
@@ -29,6 +32,63 @@ def _params(func: Callable[..., object]) -> list[tuple[str, object, object]]:
 def test_pooled__has_the_decorator_parameters_and_return_type() -> None:
     assert _params(pools.pooled) == _params(decorators.pooled)
     assert inspect.signature(pools.pooled).return_annotation == "Callable[[T], T]"
+
+
+def test_pooled__one_parameter_list_for_the_three_places() -> None:
+    """``pools.pooled``, the decorator and ``PoolSpec.build`` cannot drift: the two
+    functions declare no parameter of their own (``*args, **options`` only) and show
+    build's, with their own return type."""
+    build = inspect.signature(PoolSpec.build)
+    for func in (pools.pooled, decorators.pooled):
+        assert inspect.signature(func).parameters == build.parameters
+        code = func.__wrapped__.__code__  # type: ignore[attr-defined]
+        assert (code.co_argcount, code.co_kwonlyargcount) == (0, 0)
+        assert code.co_flags & inspect.CO_VARARGS and code.co_flags & inspect.CO_VARKEYWORDS
+
+
+def test_pooled__passes_every_option_to_the_spec_and_refuses_unknown_ones() -> None:
+    def job(*args: object) -> str:
+        return "key"
+
+    options: dict[str, Any] = {
+        "priority": 3,
+        "queue_timeout": 60.0,
+        "concurrency_policy": "forbid",
+        "job_key": job,
+        "idempotency_key": job,
+        "max_running": 2,
+        "fairness_key": "tenant",
+        "rate": "5/s",
+    }
+    assert set(options) | {"pools", "slots"} == set(inspect.signature(PoolSpec.build).parameters)
+
+    def body() -> None:
+        pass
+
+    wrapped = pools.pooled("typed-pool", 2, **options)(body)
+    assert decorators.spec_of(wrapped) == PoolSpec.build("typed-pool", 2, **options)
+    with pytest.raises(TypeError, match=r"^pooled\(\) got an unexpected keyword argument 'prio'"):
+        pools.pooled("typed-pool", prio=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^pooled\(\) too many positional arguments"):
+        decorators.pooled("typed-pool", 1, 2)  # type: ignore[call-arg]
+
+
+def test_with_arguments_of__a_new_option_is_one_edit_of_the_source() -> None:
+    """Sabotage twin: a parameter added to the source appears on the decorated function
+    (signature and accepted calls); one it lacks is refused in the function's name."""
+
+    def source(pools: str | None = None, *, priority: int = 0, new_option: int = 1) -> object:
+        return None
+
+    @with_arguments_of(source)
+    def wrapper(*args: Any, **options: Any) -> str:
+        return repr((args, options))
+
+    assert list(inspect.signature(wrapper).parameters) == ["pools", "priority", "new_option"]
+    assert inspect.signature(wrapper).return_annotation == "str"
+    assert wrapper("p", new_option=2) == "(('p',), {'new_option': 2})"
+    with pytest.raises(TypeError, match=r"^wrapper\(\) got an unexpected keyword argument 'nope'"):
+        wrapper(nope=1)  # type: ignore[call-arg]
 
 
 def test_snapshot_cancel_current_claim__annotated_with_their_real_types() -> None:
