@@ -1,7 +1,7 @@
 """Hands admitted entries (and entries that ended while waiting) to the task runner.
 
 The core does not know Celery: it calls the *bridge* named by ``POOLS["PUBLISHER"]``
-(by default :mod:`pools.celery.gate`) after the admitting transaction commits, so a
+(by default :mod:`pools.celery.bridge`) after the admitting transaction commits, so a
 message is never published for a claim that was rolled back.
 """
 

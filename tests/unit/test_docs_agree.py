@@ -145,3 +145,25 @@ def test_checks__no_other_module_builds_a_check():
         if path not in CHECK_MODULES and _CHECK_ID.search(path.read_text("utf-8"))
     ]
     assert others == []
+
+
+# --------------------------------------------------------------------------- @pooled
+
+
+def test_pooled__the_reference_shows_every_parameter_of_the_one_signature():
+    """docs/reference/python-api.md's ``pooled(...)`` block and argument table name exactly
+    the parameters of ``PoolSpec.build`` (the one definition of ``@pooled``'s options)."""
+    import inspect
+    import re
+
+    from pools.specs import PoolSpec
+
+    code = [p for p in inspect.signature(PoolSpec.build).parameters if p != "cls"]
+    page = _page("reference/python-api.md")
+    block = page.split("## `pooled`", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    shown = re.findall(r"^    (\w+):", block, flags=re.MULTILINE)
+    table = re.findall(
+        r"^\| `(\w+)` \|", page.split("## `pooled`", 1)[1].split("\n## ", 1)[0], re.M
+    )
+    assert shown == code
+    assert table == code
