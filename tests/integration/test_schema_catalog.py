@@ -1,7 +1,7 @@
 """One schema, however a database got it: the catalog of PostgreSQL compared three ways.
 
 (a) A new database migrated by this tree; (b) one migrated by the previous release's tree
-(``tests.upgrade.run.PREVIOUS``, the last commit before the migrations were squashed: its
+(``tests.upgrade.run.PRE_SQUASH``, the last commit before the migrations were squashed: its
 own migration chain, from ``git archive``) and then by this tree. Their
 ``pg_dump --schema-only`` must be equal — tables with their columns in order, indexes,
 constraints, storage parameters, functions — except the functions of the version before
@@ -133,7 +133,7 @@ def databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         _missing("pg_dump is not installed (apt-get install postgresql-client)")
     require_previous_release()
     old = tmp_path_factory.mktemp("previous")
-    run.export_tree(run.PREVIOUS, old)
+    run.export_tree(run.PRE_SQUASH, old)
     try:
         for name in (FRESH, UPGRADED, BASELINE, SCHEMA):
             _recreate(name)

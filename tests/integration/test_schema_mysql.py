@@ -1,6 +1,6 @@
 """On MariaDB/MySQL too, the squashed initial migration builds what the old chain built.
 
-Two databases, one migrated by the previous release's tree (``tests.upgrade.run.PREVIOUS``:
+Two databases, one migrated by the previous release's tree (``tests.upgrade.run.PRE_SQUASH``:
 its 18 migrations) and one by this tree: every ``pools_`` table's ``SHOW CREATE TABLE``
 (columns in order, types, defaults, indexes in any order, foreign keys; the
 auto-increment counter left out) is the same, and this tree's ``migrate`` on the old database applies nothing.
@@ -85,7 +85,7 @@ def test_schema_mysql__the_old_chain_and_the_squashed_migration_build_one_schema
 ) -> None:
     require_previous_release()
     old_tree = tmp_path / "previous"
-    run.export_tree(run.PREVIOUS, old_tree)
+    run.export_tree(run.PRE_SQUASH, old_tree)
     _migrate(old_tree, DATABASES[0], "--noinput")
     _migrate(run.ROOT, DATABASES[1], "--noinput")
     old, new = _tables(DATABASES[0]), _tables(DATABASES[1])

@@ -1,6 +1,6 @@
 """On SQLite too, the squashed initial migration builds what the old chain built.
 
-A database migrated by the previous release's tree (``tests.upgrade.run.PREVIOUS``: its
+A database migrated by the previous release's tree (``tests.upgrade.run.PRE_SQUASH``: its
 18 migrations, from ``git archive``) and one migrated by this tree have the same
 ``sqlite_master``: every table (with its columns in order), index and constraint, as the
 SQL SQLite keeps for it. Then this tree's ``migrate`` on the old database applies nothing.
@@ -34,7 +34,7 @@ def test_schema_sqlite__the_old_chain_and_the_squashed_migration_build_one_schem
     old_tree, old_db, new_db = tmp_path / "previous", tmp_path / "old", tmp_path / "new"
     for directory in (old_db, new_db):
         directory.mkdir()
-    run.export_tree(run.PREVIOUS, old_tree)
+    run.export_tree(run.PRE_SQUASH, old_tree)
     _migrate(old_tree, old_db, "--noinput")
     _migrate(run.ROOT, new_db, "--noinput")
     old, new = _master(old_db), _master(new_db)

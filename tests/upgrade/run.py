@@ -47,10 +47,13 @@ from celery import Celery
 from pools.celery import processes
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The previous release: the last commit before the migrations were squashed into the
-#: 0.1.0 initial migration (its 18 migrations and stored functions version 7). Nothing is
-#: tagged yet; this becomes the last release tag (v0.1.0) once there is one.
-PREVIOUS = "bf7d954c7e295b5c1b3b67942b622799398dc9a8"
+#: The previous release: 0.1.0, the commit tagged v0.1.0 ("Release 0.1.0"), named by its
+#: hash so that a clone without tags runs the same test.
+PREVIOUS = "c82ec861509c224872739d69e4e8177ff90bff26"
+#: The last commit before the migrations were squashed into the 0.1.0 initial migration
+#: (its 18 migrations and stored functions version 7): the schema tests compare a database
+#: that went through that chain with one migrated by this tree.
+PRE_SQUASH = "bf7d954c7e295b5c1b3b67942b622799398dc9a8"
 DATABASE = "pools_upgrade"
 #: The database of a run on MariaDB/MySQL (``--database mysql``).
 MYSQL_DATABASE = "mdb_upgrade"
