@@ -15,6 +15,7 @@ import inspect
 import json
 import logging
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -113,6 +114,10 @@ logger = logging.getLogger("pools.celery.gate")
 
 
 _original_send_task: Callable[..., Any] | None = None
+
+#: While :mod:`pools.celery.fanout` collects a batch (``pools.enqueue_many``, a group's
+#: members), a pooled call's submission joins it instead of taking a transaction of its own.
+batch: ContextVar[list[Submission] | None] = ContextVar("pools_batch", default=None)
 
 
 def install() -> None:
@@ -431,6 +436,10 @@ def _enqueue_held(
         spec = caps.with_run_cap(spec, str(headers.get("root_id") or ""), message.task_id)
         sub = _submission(message, spec, origin, args, kwargs, stored, expires, fields)
         _ensure_pools(spec)
+        collecting = batch.get()
+        if collecting is not None and origin == Origin.CODE:
+            collecting.append(sub)  # enqueued with the rest of the batch (pools.celery.fanout)
+            return
         try:
             enqueued = admission.enqueue(sub)
         except UnknownPool as exc:

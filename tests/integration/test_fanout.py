@@ -1,0 +1,237 @@
+"""Fan-out in one transaction: ``pools.enqueue_many`` and groups of pooled calls
+(:mod:`pools.celery.fanout`, :mod:`pools.core.fanout`), in-process (memory broker or Redis).
+
+Each test that says a batch is atomic has a sabotage twin showing the same calls, sent
+one by one, would leave part of the batch behind.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from celery import chord, group
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+import pools
+from pools.core import fanout
+from pools.exceptions import PoolConfigurationError, PoolFull, PoolPaused, UnknownPool
+from pools.models import Demand, EntryState, Pool, QueueEntry
+from tests.conftest import POOL_APPS
+from tests.factories import make_pool
+from tests.integration.test_gate_publish import Broker
+from tests.testapp.tasks import add, both_pools, free_span, ship_order, tsum
+
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
+
+
+@pytest.fixture
+def broker() -> Broker:
+    b = Broker()
+    b.drain()
+    b.seen.clear()
+    return b
+
+
+def _entries() -> list[QueueEntry]:
+    return list(QueueEntry.objects.order_by("queue_id"))
+
+
+def test_enqueue_many__order_kept_results_match_entries_and_cap_held(broker):
+    make_pool("warehouse", 2)
+    results = pools.enqueue_many([add.s(i, i) for i in range(7)])
+    entries = _entries()
+    assert [r.id for r in results] == [e.key for e in entries]
+    assert [e.args for e in entries] == [[i, i] for i in range(7)]
+    assert [e.state for e in entries] == [EntryState.ADMITTED] * 2 + [EntryState.WAITING] * 5
+    # The admitted ones were published (after commit) with their claims, and only they.
+    claims = sorted(h["pools_claim"] for h in broker.drain())
+    assert claims == sorted(f"{e.queue_id}:{e.token}" for e in entries[:2])
+    assert results[0].id == broker.seen[0]["id"] or results[1].id == broker.seen[0]["id"]
+
+
+def test_enqueue_many__one_transaction_one_lock(broker):
+    make_pool("warehouse", 1)
+    with CaptureQueriesContext(connection) as queries:
+        fanout_spy = mock.patch.object(fanout, "one_by_one", side_effect=AssertionError)
+        with fanout_spy:
+            pools.enqueue_many([add.s(i, 0) for i in range(20)])
+    sql = [q["sql"].upper() for q in queries.captured_queries]
+    locks = [s for s in sql if "FOR UPDATE" in s and '"POOLS_POOL"' in s]
+    inserts = [s for s in sql if s.startswith('INSERT INTO "POOLS_QUEUEENTRY"')]
+    if connection.vendor == "postgresql":
+        assert len(locks) == 1, locks
+    assert len(inserts) == 1, "one bulk insert of the 20 entries"
+    assert QueueEntry.objects.count() == 20
+
+
+def test_enqueue_many__tuples_and_names(broker):
+    make_pool("warehouse", 1)
+    make_pool("partner-api", 1)
+    results = pools.enqueue_many(
+        [(add, (1, 2)), ("tests.testapp.tasks.add", [3, 4], {}), (tsum, ([1, 2],), {}, {"priority": 3})]
+    )
+    entries = _entries()
+    assert [e.task_name for e in entries] == [
+        "tests.testapp.tasks.add",
+        "tests.testapp.tasks.add",
+        "tests.testapp.tasks.tsum",
+    ]
+    assert [r.id for r in results] == [e.key for e in entries]
+
+
+def test_enqueue_many__a_group_goes_through_one_batch(broker):
+    make_pool("warehouse", 3)
+    with mock.patch.object(fanout, "enqueue_many", wraps=fanout.enqueue_many) as spy:
+        result = group(add.s(i, 1) for i in range(10)).apply_async()
+    assert spy.call_count == 1 and len(spy.call_args.args[0]) == 10
+    entries = _entries()
+    assert [r.id for r in result.results] == [e.key for e in entries]
+    assert sum(e.state == EntryState.ADMITTED for e in entries) == 3
+
+
+def test_enqueue_many__a_chord_header_goes_through_one_batch(broker):
+    make_pool("warehouse", 5)
+    make_pool("partner-api", 1)
+    with mock.patch.object(fanout, "enqueue_many", wraps=fanout.enqueue_many) as spy:
+        chord([add.s(i, 1) for i in range(4)])(tsum.s())
+    assert spy.call_count == 1 and len(spy.call_args.args[0]) == 4
+    header = QueueEntry.objects.filter(task_name="tests.testapp.tasks.add")
+    assert header.count() == 4
+
+
+def test_enqueue_many__mixed_group_sends_plain_members_as_celery_does(broker):
+    make_pool("warehouse", 2)
+    result = group([add.s(1, 1), free_span.s(1, 0), add.s(2, 2)]).apply_async()
+    assert QueueEntry.objects.count() == 2
+    ids = [h["id"] for h in broker.drain()]
+    assert result.results[1].id in ids  # the plain member went straight to the broker
+
+
+def test_enqueue_many__multi_pool_set(broker):
+    make_pool("warehouse", 2)
+    make_pool("partner-api", 1)
+    calls = [both_pools.s(0), add.s(1, 1), tsum.s([1]), both_pools.s(3), add.s(4, 4)]
+    pools.enqueue_many(calls)
+    entries = _entries()
+    assert [e.demand for e in entries] == [
+        {"warehouse": 1, "partner-api": 1},
+        {"warehouse": 1},
+        {"partner-api": 1},
+        {"warehouse": 1, "partner-api": 1},
+        {"warehouse": 1},
+    ]
+    # Line order kept in each pool: both_pools(0) holds one of each; add(1) the other slot.
+    assert [e.state for e in entries] == [
+        EntryState.ADMITTED,
+        EntryState.ADMITTED,
+        EntryState.WAITING,
+        EntryState.WAITING,
+        EntryState.WAITING,
+    ]
+    assert Demand.objects.count() == 7
+
+
+def test_enqueue_many__idempotency_keys(broker):
+    make_pool("warehouse", 0 + 1, paused=True)
+    first = ship_order.delay(1)
+    results = pools.enqueue_many([ship_order.s(1), ship_order.s(2), ship_order.s(2), ship_order.s(3)])
+    assert results[0].id == first.id  # held by the entry sent before
+    assert results[2].id == results[1].id  # the batch's own earlier call
+    assert QueueEntry.objects.count() == 3
+    assert sorted(QueueEntry.objects.values_list("idempotency_key", flat=True)) == [
+        "order-1",
+        "order-2",
+        "order-3",
+    ] or QueueEntry.objects.filter(idempotency_key__isnull=False).count() == 3
+
+
+@pytest.mark.parametrize("overflow", ["reject"])
+def test_enqueue_many__max_queued_is_atomic(broker, overflow):
+    make_pool("warehouse", 1, paused=True, max_queued=5, overflow=overflow)
+    pools.enqueue_many([add.s(i, 0) for i in range(3)])
+    with pytest.raises(PoolFull):
+        pools.enqueue_many([add.s(i, 0) for i in range(3)])  # 6 > 5: none of the three
+    assert QueueEntry.objects.count() == 3
+    pools.enqueue_many([add.s(i, 0) for i in range(2)])  # 5 fits
+    assert QueueEntry.objects.count() == 5
+
+
+def test_enqueue_many__sabotage_one_by_one_keeps_part_of_the_batch(broker):
+    """The twin of the test above: the same calls one at a time leave two of three."""
+    make_pool("warehouse", 1, paused=True, max_queued=5)
+    pools.enqueue_many([add.s(i, 0) for i in range(3)])
+    with pytest.raises(PoolFull):
+        for i in range(3):
+            add.delay(i, 0)
+    assert QueueEntry.objects.count() == 5
+
+
+def test_enqueue_many__drop_oldest_overflow_behaves_as_single_calls(broker):
+    make_pool("warehouse", 1, paused=True, max_queued=3, overflow="drop_oldest")
+    pools.enqueue_many([add.s(i, 0) for i in range(5)])
+    waiting = QueueEntry.objects.filter(state=EntryState.WAITING).order_by("queue_id")
+    assert [e.args for e in waiting] == [[2, 0], [3, 0], [4, 0]]
+    assert QueueEntry.objects.filter(state=EntryState.REJECTED).count() == 2
+
+
+def test_enqueue_many__unknown_pool_and_paused_refuse_the_whole_batch(broker):
+    make_pool("warehouse", 1)
+    Pool.objects.filter(name="partner-api").delete()
+    with pytest.raises(UnknownPool):
+        pools.enqueue_many([add.s(1, 1), tsum.s([1])])  # no partner-api pool
+    assert QueueEntry.objects.count() == 0
+    make_pool("partner-api", 1, paused=True, paused_policy="reject")
+    with pytest.raises(PoolPaused):
+        pools.enqueue_many([add.s(1, 1), tsum.s([1])])
+    assert QueueEntry.objects.count() == 0
+    assert broker.drain() == []
+
+
+def test_enqueue_many__a_failing_call_in_the_middle_enqueues_nothing(broker):
+    make_pool("warehouse", 1)
+    with pytest.raises(PoolConfigurationError):
+        pools.enqueue_many([add.s(1, 1), add.s(2, 2).set(pool_options={"nope": 1}), add.s(3, 3)])
+    assert QueueEntry.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[42], [(add,)], [(add, 1)], [(add, (1,), [])], [group(add.s(1, 1))], [free_span.s(1)]],
+    ids=["not-a-call", "no-args", "args-not-a-list", "kwargs-not-a-dict", "a-group", "not-pooled"],
+)
+def test_enqueue_many__bad_input_is_refused_before_anything_is_sent(broker, bad):
+    make_pool("warehouse", 1)
+    with pytest.raises((TypeError, PoolConfigurationError)) as raised:
+        pools.enqueue_many([add.s(0, 0), *bad])
+    assert "call 1" in str(raised.value)
+    assert QueueEntry.objects.count() == 0
+    assert broker.drain() == []
+
+
+def test_enqueue_many__results_resolve_through_the_bridge(broker):
+    """The AsyncResults are the entries' keys: what admission publishes under."""
+    make_pool("warehouse", 10)
+    results = pools.enqueue_many([add.s(i, i) for i in range(4)])
+    published = {h["id"] for h in broker.drain()}
+    assert published == {r.id for r in results}
+
+
+def test_enqueue_many__chunks_bound_the_inserts(broker, monkeypatch):
+    monkeypatch.setattr(fanout, "CHUNK", 3)
+    make_pool("warehouse", 2)
+    with CaptureQueriesContext(connection) as queries:
+        results = pools.enqueue_many([add.s(i, 0) for i in range(8)])
+    inserts = [
+        q["sql"] for q in queries.captured_queries
+        if q["sql"].upper().startswith('INSERT INTO "POOLS_QUEUEENTRY"')
+    ]
+    assert len(inserts) == 3  # 3 + 3 + 2
+    assert [r.id for r in results] == [e.key for e in _entries()]
+    assert [e.args for e in _entries()] == [[i, 0] for i in range(8)]
+
+
+def test_enqueue_many__empty():
+    assert pools.enqueue_many([]) == []
+    assert Pool.objects.count() >= 0
