@@ -34,12 +34,13 @@ def install() -> None:
     global _original_apply_tasks
     if _original_apply_tasks is not None:
         return
-    _original_apply_tasks = group._apply_tasks
-    group._apply_tasks = _apply_tasks  # type: ignore[method-assign]
+    _original_apply_tasks = group._apply_tasks  # type: ignore[attr-defined]  # not in celery-types
+    group._apply_tasks = _apply_tasks  # type: ignore[attr-defined]
 
 
-def _apply_tasks(self: group, tasks: Any, producer: Any = None, app: Any = None, p: Any = None,
-                 **options: Any) -> Iterator[Any]:
+def _apply_tasks(
+    self: group, tasks: Any, producer: Any = None, app: Any = None, p: Any = None, **options: Any
+) -> Iterator[Any]:
     """Celery's loop over a group's members, their pooled calls enqueued as one batch.
 
     Celery consumes this generator at once (``list(...)`` in ``group.apply_async``), so
@@ -118,7 +119,8 @@ def enqueue_many(calls: Iterable[Any], *, app: Celery | None = None) -> list[Asy
         return results
     enqueued = {s.key: e for s, e in zip(subs, enqueue_collected(subs), strict=True)}
     return [
-        app.AsyncResult(enqueued[r.id].key) if r.id in enqueued and not enqueued[r.id].created
+        app.AsyncResult(enqueued[r.id].key)
+        if r.id in enqueued and not enqueued[r.id].created
         else r
         for r in results
     ]
@@ -141,9 +143,13 @@ def _signature(app: Celery, call: Any, index: int) -> Signature:
                 f"task or task name and a list or tuple of arguments; got {call!r:.200}"
             )
         if kwargs is not None and not isinstance(kwargs, dict):
-            raise TypeError(f"enqueue_many: call {index}'s kwargs must be a dict, got {kwargs!r:.200}")
+            raise TypeError(
+                f"enqueue_many: call {index}'s kwargs must be a dict, got {kwargs!r:.200}"
+            )
         if options is not None and not isinstance(options, dict):
-            raise TypeError(f"enqueue_many: call {index}'s options must be a dict, got {options!r:.200}")
+            raise TypeError(
+                f"enqueue_many: call {index}'s options must be a dict, got {options!r:.200}"
+            )
         return app.signature(name, args=tuple(args), kwargs=kwargs or {}, options=options or {})
     raise TypeError(
         f"enqueue_many: call {index} must be a task signature or a (task, args[, kwargs[, "
@@ -152,7 +158,7 @@ def _signature(app: Celery, call: Any, index: int) -> Signature:
 
 
 def _require_pooled(app: Celery, sig: Signature, index: int) -> None:
-    name = sig.task
+    name = str(sig.task)
     options = dict(sig.options)
     pooled = gate.spec_for(app, name)
     if pooled is None:

@@ -111,10 +111,7 @@ def in_one_transaction(subs: Sequence[Submission]) -> list[Enqueued]:
         due: dict[str, datetime] = {}
         for chunk in _chunks(new):
             entries = QueueEntry.objects.bulk_create(
-                [
-                    QueueEntry(**entry_fields(subs[i], now, deadline_of(subs[i], now)))
-                    for i in chunk
-                ]
+                [QueueEntry(**entry_fields(subs[i], now, deadline_of(subs[i], now))) for i in chunk]
             )
             rows: list[Demand] = []
             for i, entry in zip(chunk, entries, strict=True):
@@ -168,7 +165,11 @@ def _keys_resolved(subs: Sequence[Submission]) -> tuple[dict[int, Enqueued | int
                 "queue_id", "key", "state", "idempotency_active"
             ):
                 holders[row[3]] = Enqueued(
-                    entry_id=row[0], key=row[1], admitted=False, created=False, existing_state=row[2]
+                    entry_id=row[0],
+                    key=row[1],
+                    admitted=False,
+                    created=False,
+                    existing_state=row[2],
                 )
     known: dict[int, Enqueued | int] = {}
     first: dict[str, int] = {}
@@ -189,8 +190,12 @@ def _keys_resolved(subs: Sequence[Submission]) -> tuple[dict[int, Enqueued | int
 def _refuse_batch(subs: Sequence[Submission], pools: dict[str, Pool], now: datetime) -> None:
     """The refusals of the batch, under its locks; :class:`OneByOne` for what they leave
     to the single-call rules (a ``fair`` pool, a full pool that drops entries)."""
-    if any(pools[name].strategy == Strategy.FAIR for sub in subs for name in sub.spec.demand
-           if name in pools):
+    if any(
+        pools[name].strategy == Strategy.FAIR
+        for sub in subs
+        for name in sub.spec.demand
+        if name in pools
+    ):
         raise OneByOne
     seen: set[tuple[tuple[str, int], ...]] = set()
     joining: dict[str, int] = {}

@@ -7,10 +7,12 @@ one by one, would leave part of the batch behind.
 
 from __future__ import annotations
 
+from typing import cast
 from unittest import mock
 
 import pytest
 from celery import chord, group
+from celery.result import GroupResult
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -70,7 +72,11 @@ def test_enqueue_many__tuples_and_names(broker):
     make_pool("warehouse", 1)
     make_pool("partner-api", 1)
     results = pools.enqueue_many(
-        [(add, (1, 2)), ("tests.testapp.tasks.add", [3, 4], {}), (tsum, ([1, 2],), {}, {"priority": 3})]
+        [
+            (add, (1, 2)),
+            ("tests.testapp.tasks.add", [3, 4], {}),
+            (tsum, ([1, 2],), {}, {"priority": 3}),
+        ]
     )
     entries = _entries()
     assert [e.task_name for e in entries] == [
@@ -84,10 +90,10 @@ def test_enqueue_many__tuples_and_names(broker):
 def test_enqueue_many__a_group_goes_through_one_batch(broker):
     make_pool("warehouse", 3)
     with mock.patch.object(fanout, "enqueue_many", wraps=fanout.enqueue_many) as spy:
-        result = group(add.s(i, 1) for i in range(10)).apply_async()
+        result = cast(GroupResult, group(add.s(i, 1) for i in range(10)).apply_async())
     assert spy.call_count == 1 and len(spy.call_args.args[0]) == 10
     entries = _entries()
-    assert [r.id for r in result.results] == [e.key for e in entries]
+    assert [r.id for r in (result.results or [])] == [e.key for e in entries]
     assert sum(e.state == EntryState.ADMITTED for e in entries) == 3
 
 
@@ -103,10 +109,10 @@ def test_enqueue_many__a_chord_header_goes_through_one_batch(broker):
 
 def test_enqueue_many__mixed_group_sends_plain_members_as_celery_does(broker):
     make_pool("warehouse", 2)
-    result = group([add.s(1, 1), free_span.s(1, 0), add.s(2, 2)]).apply_async()
+    result = cast(GroupResult, group([add.s(1, 1), free_span.s(1, 0), add.s(2, 2)]).apply_async())
     assert QueueEntry.objects.count() == 2
     ids = [h["id"] for h in broker.drain()]
-    assert result.results[1].id in ids  # the plain member went straight to the broker
+    assert (result.results or [])[1].id in ids  # the plain member went straight to the broker
 
 
 def test_enqueue_many__multi_pool_set(broker):
@@ -134,17 +140,16 @@ def test_enqueue_many__multi_pool_set(broker):
 
 
 def test_enqueue_many__idempotency_keys(broker):
-    make_pool("warehouse", 0 + 1, paused=True)
+    make_pool("warehouse", 1, paused=True)
     first = ship_order.delay(1)
-    results = pools.enqueue_many([ship_order.s(1), ship_order.s(2), ship_order.s(2), ship_order.s(3)])
+    results = pools.enqueue_many(
+        [ship_order.s(1), ship_order.s(2), ship_order.s(2), ship_order.s(3)]
+    )
     assert results[0].id == first.id  # held by the entry sent before
     assert results[2].id == results[1].id  # the batch's own earlier call
     assert QueueEntry.objects.count() == 3
-    assert sorted(QueueEntry.objects.values_list("idempotency_key", flat=True)) == [
-        "order-1",
-        "order-2",
-        "order-3",
-    ] or QueueEntry.objects.filter(idempotency_key__isnull=False).count() == 3
+    keys = QueueEntry.objects.values_list("idempotency_key", flat=True).order_by("queue_id")
+    assert list(keys) == ["order-1", "order-2", "order-3"]
 
 
 @pytest.mark.parametrize("overflow", ["reject"])
@@ -192,7 +197,9 @@ def test_enqueue_many__unknown_pool_and_paused_refuse_the_whole_batch(broker):
 def test_enqueue_many__a_failing_call_in_the_middle_enqueues_nothing(broker):
     make_pool("warehouse", 1)
     with pytest.raises(PoolConfigurationError):
-        pools.enqueue_many([add.s(1, 1), add.s(2, 2).set(pool_options={"nope": 1}), add.s(3, 3)])
+        pools.enqueue_many(
+            [add.s(1, 1), add.signature((2, 2), options={"pool_options": {"nope": 1}}), add.s(3, 3)]
+        )
     assert QueueEntry.objects.count() == 0
 
 
@@ -224,7 +231,8 @@ def test_enqueue_many__chunks_bound_the_inserts(broker, monkeypatch):
     with CaptureQueriesContext(connection) as queries:
         results = pools.enqueue_many([add.s(i, 0) for i in range(8)])
     inserts = [
-        q["sql"] for q in queries.captured_queries
+        q["sql"]
+        for q in queries.captured_queries
         if q["sql"].upper().startswith('INSERT INTO "POOLS_QUEUEENTRY"')
     ]
     assert len(inserts) == 3  # 3 + 3 + 2
