@@ -41,7 +41,7 @@ from pools.core.enqueueing import (
     refuse,
 )
 from pools.core.in_transaction import in_callers_transaction
-from pools.core.locking import locked_pools, unavailable_on_error
+from pools.core.locking import bounded, locked_pools, unavailable_on_error
 from pools.core.pass_runs import follow_up, requeue_unpublished, still_needed
 from pools.core.records import Admission, Enqueued, Submission
 from pools.core.supersession import supersedes
@@ -101,37 +101,34 @@ def one_by_one(subs: Sequence[Submission]) -> list[Enqueued]:
 
 
 def in_one_transaction(subs: Sequence[Submission]) -> list[Enqueued]:
-    """The batch under one lock of its pools: bulk inserts and one admission pass."""
+    """The batch in one transaction: bulk inserts, one lock of its pools, one pass.
+
+    The entry rows (the wide ones: each holds its message) are inserted before the pool
+    locks are taken, in the same transaction: no other transaction sees them, and without
+    line rows no admission pass would look at them anyway. Under the locks: the
+    refusals, the line rows and the pass, so the pools are held for the narrow part
+    only. A batch with idempotency keys inserts its entries under the locks, as a single
+    call does: an entry taking a key waits for another uncommitted one holding it, and
+    waiting so before the locks could deadlock with that call.
+    """
     now = timezone.now()
     known, new = _keys_resolved(subs)
     names = sorted({name for sub in subs for name in sub.spec.demand})
+    early = all(subs[i].idempotency_key is None for i in new)
     created: dict[int, tuple[int, str]] = {}  # index in subs -> (entry id, key)
-    with locked_pools(names) as pools:
-        _refuse_batch([subs[i] for i in new], pools, now)
-        due: dict[str, datetime] = {}
-        for chunk in _chunks(new):
-            entries = QueueEntry.objects.bulk_create(
-                [QueueEntry(**entry_fields(subs[i], now, deadline_of(subs[i], now))) for i in chunk]
+    with bounded(f"pools {', '.join(names)}"):
+        if early:
+            _insert_entries(subs, new, now, created)
+        with locked_pools(names) as pools:
+            _refuse_batch([subs[i] for i in new], pools, now)
+            if not early:
+                _insert_entries(subs, new, now, created)
+            for name, when in _insert_line_rows(subs, new, pools, now, created).items():
+                note_due(pools, [name], when)
+            step = admit_locked(pools, now)
+            dispatch.after_commit(
+                step.admissions, step.finished, step.wake, requeue=requeue_unpublished
             )
-            rows: list[Demand] = []
-            for i, entry in zip(chunk, entries, strict=True):
-                sub = subs[i]
-                delayed = sub.not_before is not None and sub.not_before > now
-                joins = sub.not_before if delayed and sub.not_before else now
-                rows += demand_rows(sub, entry, pools, joins, delayed=delayed)
-                if delayed:
-                    for name in sub.spec.demand:
-                        due[name] = min(due.get(name, joins), joins)
-                created[i] = (entry.queue_id, entry.key)
-            Demand.objects.bulk_create(rows)
-            events.transition(EventKind.ENQUEUED, entries, at=now)
-            del entries, rows
-        for name, when in due.items():
-            note_due(pools, [name], when)
-        step = admit_locked(pools, now)
-        dispatch.after_commit(
-            step.admissions, step.finished, step.wake, requeue=requeue_unpublished
-        )
     admissions: list[Admission] = [*step.admissions, *follow_up(still_needed(step, pools))]
     admitted = {a.entry_id for a in admissions}
     out: list[Enqueued] = []
@@ -148,6 +145,44 @@ def in_one_transaction(subs: Sequence[Submission]) -> list[Enqueued]:
             )
         out.append(held)
     return out
+
+
+def _insert_entries(
+    subs: Sequence[Submission], new: list[int], now: datetime, created: dict[int, tuple[int, str]]
+) -> None:
+    """The entry rows of ``subs[new]``, :data:`CHUNK` per insert; their ids into ``created``."""
+    for chunk in _chunks(new):
+        entries = QueueEntry.objects.bulk_create(
+            [QueueEntry(**entry_fields(subs[i], now, deadline_of(subs[i], now))) for i in chunk]
+        )
+        for i, entry in zip(chunk, entries, strict=True):
+            created[i] = (entry.queue_id, entry.key)
+        events.transition(EventKind.ENQUEUED, entries, at=now)
+
+
+def _insert_line_rows(
+    subs: Sequence[Submission],
+    new: list[int],
+    pools: dict[str, Pool],
+    now: datetime,
+    created: dict[int, tuple[int, str]],
+) -> dict[str, datetime]:
+    """The line rows of the new entries (pools' locks held); returns, per pool, when its
+    first delayed entry (an ``eta`` ahead) is due."""
+    due: dict[str, datetime] = {}
+    for chunk in _chunks(new):
+        rows: list[Demand] = []
+        for i in chunk:
+            sub = subs[i]
+            delayed = sub.not_before is not None and sub.not_before > now
+            joins = sub.not_before if delayed and sub.not_before else now
+            entry = QueueEntry(queue_id=created[i][0])  # only its id is written
+            rows += demand_rows(sub, entry, pools, joins, delayed=delayed)
+            if delayed:
+                for name in sub.spec.demand:
+                    due[name] = min(due.get(name, joins), joins)
+        Demand.objects.bulk_create(rows)
+    return due
 
 
 def _keys_resolved(subs: Sequence[Submission]) -> tuple[dict[int, Enqueued | int], list[int]]:

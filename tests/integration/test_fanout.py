@@ -243,3 +243,35 @@ def test_enqueue_many__chunks_bound_the_inserts(broker, monkeypatch):
 def test_enqueue_many__empty():
     assert pools.enqueue_many([]) == []
     assert Pool.objects.count() >= 0
+
+
+def _order_of_statements(calls: list) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        pools.enqueue_many(calls)
+    seen = []
+    for q in queries.captured_queries:
+        sql = q["sql"].upper()
+        if sql.startswith('INSERT INTO "POOLS_QUEUEENTRY"'):
+            seen.append("entries")
+        elif sql.startswith('INSERT INTO "POOLS_DEMAND"'):
+            seen.append("line rows")
+        elif "FOR UPDATE" in sql and 'FROM "POOLS_POOL"' in sql:
+            seen.append("pool locks")
+    return seen
+
+
+@pytest.mark.postgres
+def test_enqueue_many__wide_entry_rows_go_in_before_the_pool_locks(broker):
+    """The pools are held for the line rows and the pass only; with idempotency keys the
+    entries go in under the locks, as a single call's do."""
+    make_pool("warehouse", 1)
+    assert _order_of_statements([add.s(i, 0) for i in range(3)]) == [
+        "entries",
+        "pool locks",
+        "line rows",
+    ]
+    assert _order_of_statements([ship_order.s(i) for i in range(3)]) == [
+        "pool locks",
+        "entries",
+        "line rows",
+    ]
