@@ -189,7 +189,7 @@ def _timed_locks(held: list[float]) -> Iterator[None]:
             yield pools
         held.append(time.perf_counter() - start)
 
-    fanout.locked_pools = timed  # type: ignore[assignment]
+    fanout.locked_pools = timed
     try:
         yield
     finally:

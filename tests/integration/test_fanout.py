@@ -36,6 +36,11 @@ def broker() -> Broker:
     return b
 
 
+def _statements(queries: CaptureQueriesContext) -> list[str]:
+    """The SQL run, upper case, without identifier quotes (any database)."""
+    return [q["sql"].upper().replace('"', "").replace("`", "") for q in queries.captured_queries]
+
+
 def _entries() -> list[QueueEntry]:
     return list(QueueEntry.objects.order_by("queue_id"))
 
@@ -59,9 +64,9 @@ def test_enqueue_many__one_transaction_one_lock(broker):
         fanout_spy = mock.patch.object(fanout, "one_by_one", side_effect=AssertionError)
         with fanout_spy:
             pools.enqueue_many([add.s(i, 0) for i in range(20)])
-    sql = [q["sql"].upper() for q in queries.captured_queries]
-    locks = [s for s in sql if "FOR UPDATE" in s and '"POOLS_POOL"' in s]
-    inserts = [s for s in sql if s.startswith('INSERT INTO "POOLS_QUEUEENTRY"')]
+    sql = _statements(queries)
+    locks = [s for s in sql if "FOR UPDATE" in s and "FROM POOLS_POOL" in s]
+    inserts = [s for s in sql if s.startswith("INSERT INTO POOLS_QUEUEENTRY")]
     if connection.vendor == "postgresql":
         assert len(locks) == 1, locks
     assert len(inserts) == 1, "one bulk insert of the 20 entries"
@@ -230,11 +235,7 @@ def test_enqueue_many__chunks_bound_the_inserts(broker, monkeypatch):
     make_pool("warehouse", 2)
     with CaptureQueriesContext(connection) as queries:
         results = pools.enqueue_many([add.s(i, 0) for i in range(8)])
-    inserts = [
-        q["sql"]
-        for q in queries.captured_queries
-        if q["sql"].upper().startswith('INSERT INTO "POOLS_QUEUEENTRY"')
-    ]
+    inserts = [s for s in _statements(queries) if s.startswith("INSERT INTO POOLS_QUEUEENTRY")]
     assert len(inserts) == 3  # 3 + 3 + 2
     assert [r.id for r in results] == [e.key for e in _entries()]
     assert [e.args for e in _entries()] == [[i, 0] for i in range(8)]
@@ -249,18 +250,17 @@ def _order_of_statements(calls: list) -> list[str]:
     with CaptureQueriesContext(connection) as queries:
         pools.enqueue_many(calls)
     seen = []
-    for q in queries.captured_queries:
-        sql = q["sql"].upper()
-        if sql.startswith('INSERT INTO "POOLS_QUEUEENTRY"'):
+    for sql in _statements(queries):
+        if sql.startswith("INSERT INTO POOLS_QUEUEENTRY"):
             seen.append("entries")
-        elif sql.startswith('INSERT INTO "POOLS_DEMAND"'):
+        elif sql.startswith("INSERT INTO POOLS_DEMAND"):
             seen.append("line rows")
-        elif "FOR UPDATE" in sql and 'FROM "POOLS_POOL"' in sql:
+        elif "FOR UPDATE" in sql and "FROM POOLS_POOL" in sql:
             seen.append("pool locks")
     return seen
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db  # SQLite takes no row locks
 def test_enqueue_many__wide_entry_rows_go_in_before_the_pool_locks(broker):
     """The pools are held for the line rows and the pass only; with idempotency keys the
     entries go in under the locks, as a single call's do."""
