@@ -12,6 +12,8 @@ admitted), ``--reps`` times, in turns so that the machine's load falls on every 
 
 * ``plain group`` / ``plain delay loop``: an undecorated task, plain Celery to the broker;
 * ``pooled group``: ``group(...).apply_async()`` of a pooled task (one batch);
+* ``pooled group, one transaction per call``: the same with the fan-out hook taken out
+  for the run (what a group cost before);
 * ``enqueue_many``: ``pools.enqueue_many([...])`` (one batch);
 * ``pooled delay loop``: ``delay`` in a loop (one transaction per call, as before).
 
@@ -78,6 +80,16 @@ def _ways(n: int) -> dict[str, Callable[[], Any]]:
     def pooled_group() -> Any:
         return group(pooled.s(i).set(queue=QUEUE) for i in range(n)).apply_async()
 
+    def pooled_group_per_call() -> Any:
+        # As before fan-out: Celery's own loop, one transaction per member.
+        from pools.celery import fanout
+
+        group._apply_tasks = fanout._original_apply_tasks  # type: ignore[attr-defined]
+        try:
+            return pooled_group()
+        finally:
+            group._apply_tasks = fanout._apply_tasks  # type: ignore[attr-defined]
+
     def many() -> Any:
         return pools.enqueue_many([pooled.s(i).set(queue=QUEUE) for i in range(n)])
 
@@ -87,6 +99,7 @@ def _ways(n: int) -> dict[str, Callable[[], Any]]:
     return {
         "plain group": plain_group,
         "pooled group": pooled_group,
+        "pooled group, one transaction per call": pooled_group_per_call,
         "enqueue_many": many,
         "plain delay loop": plain_loop,
         "pooled delay loop": pooled_loop,
@@ -130,6 +143,9 @@ def measure(calls: int, reps: int, slots: int, big: int, app: Any) -> dict[str, 
     out["ratio_to_plain"] = {
         "pooled group / plain group": round(med["pooled group"] / med["plain group"], 2),
         "enqueue_many / plain group": round(med["enqueue_many"] / med["plain group"], 2),
+        "pooled group one transaction per call / plain group": round(
+            med["pooled group, one transaction per call"] / med["plain group"], 2
+        ),
         "pooled delay loop / plain delay loop": round(
             med["pooled delay loop"] / med["plain delay loop"], 2
         ),
