@@ -23,7 +23,7 @@ from pools.models import Demand, EntryState, Pool, QueueEntry
 from tests.conftest import POOL_APPS
 from tests.factories import make_pool
 from tests.integration.test_gate_publish import Broker
-from tests.testapp.tasks import add, both_pools, free_span, ship_order, tsum
+from tests.testapp.tasks import add, both_pools, free_span, per_tenant, ship_order, tsum
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
@@ -275,3 +275,37 @@ def test_enqueue_many__wide_entry_rows_go_in_before_the_pool_locks(broker):
         "entries",
         "line rows",
     ]
+
+
+def _rounds() -> list[tuple[int, int]]:
+    rows = Demand.objects.filter(pool__name="tenants").order_by("entry_id")
+    return [(row.entry.args[0], row.line_round) for row in rows.select_related("entry")]
+
+
+def test_enqueue_many__fair_pool_rounds_as_single_calls(broker):
+    """A ``fair`` pool takes the single-call rules inside the batch's transaction: the
+    rounds are those of the same calls sent one by one."""
+    make_pool("tenants", 1, paused=True, strategy="fair")
+    tenants = [1, 1, 2, 1, 3, 2]
+    for t in tenants:
+        per_tenant.delay(t)
+    one_by_one = _rounds()
+    QueueEntry.objects.all().delete()
+    make_pool("tenants", 1, paused=True, strategy="fair")
+    pools.enqueue_many([per_tenant.s(t) for t in tenants])
+    assert _rounds() == one_by_one
+    assert [r for _, r in one_by_one] != [0] * len(tenants)  # the rounds differ at all
+
+
+def test_enqueue_many__countdown_entries_are_delayed_and_the_pool_is_due(broker):
+    make_pool("warehouse", 5)
+    results = pools.enqueue_many(
+        [add.s(1, 1), add.signature((2, 2), countdown=600), add.signature((3, 3), countdown=300)]
+    )
+    states = dict(Demand.objects.values_list("entry__key", "state"))
+    assert states[results[0].id] != "delayed"
+    assert states[results[1].id] == states[results[2].id] == "delayed"
+    pool = Pool.objects.get(name="warehouse")
+    third = QueueEntry.objects.get(key=results[2].id)
+    assert pool.next_due_at == third.not_before  # the earlier of the two
+    assert QueueEntry.objects.get(key=results[0].id).state == EntryState.ADMITTED
