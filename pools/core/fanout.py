@@ -29,7 +29,7 @@ from datetime import datetime
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from pools.core import budgets, dispatch, events
+from pools.core import admission, budgets, dispatch, events
 from pools.core.admission_pass import admit_locked, note_due
 from pools.core.enqueueing import (
     IDEMPOTENCY_COLUMN,
@@ -94,8 +94,6 @@ def batchable(subs: Sequence[Submission]) -> bool:
 
 def one_by_one(subs: Sequence[Submission]) -> list[Enqueued]:
     """Each submit by the single-call service, all in one outer transaction (atomic)."""
-    from pools.core import admission  # imports this module's users: read at call time
-
     with unavailable_on_error("enqueueing a batch"), transaction.atomic():
         return [admission.enqueue(sub) for sub in subs]
 
