@@ -128,10 +128,12 @@ def enqueue_many(calls: Iterable[Any], *, app: Celery | None = None) -> list[Asy
 
 def _signature(app: Celery, call: Any, index: int) -> Signature:
     if isinstance(call, Signature):
-        if isinstance(call, group) or not call.get("task"):
+        task = str(call.get("task") or "")
+        if not task or task.startswith("celery."):  # a group, chain or chord
             raise TypeError(
-                f"enqueue_many: call {index} is a {type(call).__name__}; give single task "
-                f"signatures (apply a group with group(...).apply_async())."
+                f"enqueue_many: call {index} is a {type(call).__name__.lstrip('_')}; give "
+                f"single task signatures (send a workflow with apply_async(): the pooled "
+                f"members of its groups are enqueued as one batch)."
             )
         return call
     if isinstance(call, tuple) and 2 <= len(call) <= 4:

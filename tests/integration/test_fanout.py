@@ -11,7 +11,7 @@ from typing import cast
 from unittest import mock
 
 import pytest
-from celery import chord, group
+from celery import chain, chord, group
 from celery.result import GroupResult
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -210,8 +210,24 @@ def test_enqueue_many__a_failing_call_in_the_middle_enqueues_nothing(broker):
 
 @pytest.mark.parametrize(
     "bad",
-    [[42], [(add,)], [(add, 1)], [(add, (1,), [])], [group(add.s(1, 1))], [free_span.s(1)]],
-    ids=["not-a-call", "no-args", "args-not-a-list", "kwargs-not-a-dict", "a-group", "not-pooled"],
+    [
+        [42],
+        [(add,)],
+        [(add, 1)],
+        [(add, (1,), [])],
+        [group(add.s(1, 1))],
+        [free_span.s(1)],
+        [chain(add.s(1, 1), add.s(2))],
+    ],
+    ids=[
+        "not-a-call",
+        "no-args",
+        "args-not-a-list",
+        "kwargs-not-a-dict",
+        "a-group",
+        "not-pooled",
+        "a-chain",
+    ],
 )
 def test_enqueue_many__bad_input_is_refused_before_anything_is_sent(broker, bad):
     make_pool("warehouse", 1)
