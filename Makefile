@@ -165,7 +165,8 @@ test-mariadb: install
 	$(BIN)/pytest -q tests/integration/test_admission.py tests/integration/test_leases.py \
 		tests/integration/test_locking_mysql.py tests/integration/test_schema_mysql.py tests/integration/test_checks_mysql.py \
 		tests/integration/test_unavailable_reasons.py tests/integration/test_contention.py \
-		tests/integration/test_enqueue_in_transaction.py tests/unit/test_service_requirement.py \
+		tests/integration/test_enqueue_in_transaction.py tests/integration/test_fanout.py \
+		tests/unit/test_service_requirement.py \
 		$(MARIADB_ACCEPTANCE)
 
 # Debian's PgBouncer (1.18 on Debian 12) for the transaction-pooler tier. Installed with apt

@@ -5,7 +5,7 @@ Import-safe: nothing here touches models or the database at import time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pools.exceptions import (
@@ -67,6 +67,7 @@ __all__ = [
     "cancel",
     "charge",
     "current_claim",
+    "enqueue_many",
     "limit_run",
     "pooled",
     "run_spend",
@@ -112,6 +113,19 @@ def cancel(key: str, *, terminate: bool = False) -> QueueEntry:
     from pools.core import admission
 
     return admission.cancel(key, terminate=terminate)
+
+
+def enqueue_many(calls: Iterable[Any], *, app: Any = None) -> list[Any]:
+    """Send many pooled calls in one transaction; their ``AsyncResult`` in order.
+
+    ``calls``: signatures (``task.s(1, 2)``) or ``(task, args[, kwargs[, options]])``
+    tuples. Atomic like ``bulk_create``: one refusal (``PoolFull``, ``UnknownPool``, ...)
+    and none is enqueued. See :func:`pools.celery.fanout.enqueue_many` and
+    docs/howto/fan-out.md.
+    """
+    from pools.celery import fanout
+
+    return fanout.enqueue_many(calls, app=app)
 
 
 def current_claim() -> Claim | None:

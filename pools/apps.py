@@ -18,10 +18,11 @@ class PoolsConfig(AppConfig):
 
     def ready(self) -> None:
         from pools import checks  # noqa: F401  (registers the system checks)
-        from pools.celery import beat, gate, tasks, worker  # noqa: F401  (signal handlers, tasks)
+        from pools.celery import beat, fanout, gate, tasks, worker  # noqa: F401  (signal handlers, tasks)
         from pools.celery import checks as celery_checks  # noqa: F401  (registers its checks)
 
         gate.install()
+        fanout.install()
         beat.connect_signals()
         post_migrate.connect(_sync_after_migrate, sender=self, dispatch_uid="pools.sync")
 

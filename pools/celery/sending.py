@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +36,10 @@ from pools.core.records import Submission
 from pools.exceptions import PoolConfigurationError, PoolUnavailable, UnknownPool
 from pools.models import Origin
 from pools.specs import PoolSpec
+
+#: While :mod:`pools.celery.fanout` collects a batch (``pools.enqueue_many``, a group's
+#: members), a pooled call's submission joins it instead of taking a transaction of its own.
+batch: ContextVar[list[Submission] | None] = ContextVar("pools_batch", default=None)
 
 
 def gated_send_task(
@@ -195,14 +200,18 @@ def _enqueue_held(
             stored["expires"] = expires.isoformat()
         spec = caps.with_run_cap(spec, str(headers.get("root_id") or ""), message.task_id)
         sub = _submission(message, spec, origin, args, kwargs, stored, expires, fields)
-        _ensure_pools(spec)
+        ensure_pools(spec)
+        collecting = batch.get()
+        if collecting is not None and origin == Origin.CODE:
+            collecting.append(sub)  # enqueued with the rest of the batch (pools.celery.fanout)
+            return
         try:
             enqueued = admission.enqueue(sub)
         except UnknownPool as exc:
             if exc.pool not in spec.templates and exc.pool not in spec.caps:
                 raise
             # The sweep retired this idle per-key or cap pool between our check and now.
-            _ensure_pools(spec, again=True)
+            ensure_pools(spec, again=True)
             enqueued = admission.enqueue(sub)
     except PoolUnavailable:
         locking.drop_broken_connection()
@@ -211,7 +220,7 @@ def _enqueue_held(
         raise ExistingEntry(enqueued, fields)
 
 
-def _ensure_pools(spec: PoolSpec, *, again: bool = False) -> None:
+def ensure_pools(spec: PoolSpec, *, again: bool = False) -> None:
     """Create the per-key pools of a resolved spec on first use (from their templates),
     and its task cap's pool."""
     for pool, pattern in spec.templates.items():

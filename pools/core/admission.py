@@ -21,7 +21,8 @@ Where each part lives: the engine interface :mod:`pools.core.engine` (ORM engine
 :mod:`pools.core.held`; enqueue, refusals and idempotency :mod:`pools.core.enqueueing`;
 job supersession :mod:`pools.core.supersession`; settle, requeue, cancel and expire
 :mod:`pools.core.settling`; calls inside a caller's transaction
-:mod:`pools.core.in_transaction`. The contract both engines implement is
+:mod:`pools.core.in_transaction`; many calls in one transaction (fan-out)
+:mod:`pools.core.fanout`. The contract both engines implement is
 ``docs/concepts/contract.md``.
 """
 

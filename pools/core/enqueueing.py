@@ -149,7 +149,12 @@ def enqueue_locked(sub: Submission, now: datetime, deadline: datetime | None) ->
 
 def create_entry(sub: Submission, now: datetime, deadline: datetime | None) -> QueueEntry:
     """The entry row of a submit (its line rows are :func:`demand_rows`)."""
-    return QueueEntry.objects.create(
+    return QueueEntry.objects.create(**entry_fields(sub, now, deadline))
+
+
+def entry_fields(sub: Submission, now: datetime, deadline: datetime | None) -> dict[str, Any]:
+    """The columns of a submit's entry row (one insert, or a batch's bulk insert)."""
+    return dict(
         key=sub.key,
         task_name=sub.task_name,
         args=shown(sub.args),

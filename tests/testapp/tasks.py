@@ -263,3 +263,10 @@ def run_member(i: int, sleep: float = 0.01, spawn: bool = False) -> dict:
 def per_tenant(tenant_id: int, n: int = 0) -> int:
     """Fair to its first argument (strategy ``fair`` pools: one tenant per round)."""
     return n
+
+
+@shared_task
+@pooled({"warehouse": 1, "partner-api": 1})
+def both_pools(x: int) -> int:
+    """One slot of ``warehouse`` and one of ``partner-api`` (the fan-out tests)."""
+    return x

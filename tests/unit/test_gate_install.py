@@ -33,8 +33,10 @@ def test_publisher__default_and_the_0_1_0_path_name_the_same_bridge() -> None:
     assert isinstance(bridge.bridge, bridge.CeleryBridge)
 
 
-def test_send_side__imported_only_by_the_installation() -> None:
-    """The worker side asks ``default_pool``, never the send side (no cycle through it)."""
+def test_send_side__imported_only_by_the_installation_and_the_batch() -> None:
+    """The worker side asks ``default_pool``, never the send side (no cycle through it);
+    the batch of :mod:`pools.celery.fanout` collects the send side's submissions."""
     edges = imports.edges(ROOT, ["pools", "pools_admin"])
-    assert {a for a, b in edges if b == "pools.celery.sending"} == {"pools.celery.gate"}
+    importers = {a for a, b in edges if b == "pools.celery.sending"}
+    assert importers == {"pools.celery.gate", "pools.celery.fanout"}
     assert {a for a, b in edges if b == "pools.celery.gate"} == {"pools.apps"}
