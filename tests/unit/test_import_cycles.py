@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The cycles outside the benchmark still to break, each as the set of its modules.
 KNOWN = [
     {"pools.celery.decorators", "pools.celery.gate", "pools.celery.worker"},
-    {"pools.core.locking", "pools.models", "pools.querysets"},
     {"pools_admin.apps", "pools_admin.checks"},
 ]
 
