@@ -18,8 +18,8 @@ import pytest
 from django.conf import settings
 from pytest_django import Settings
 
-from tests import pgbouncer
-from tests.bridge import RecordingBridge
+from tests.support import pgbouncer
+from tests.support.bridge import RecordingBridge
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -119,10 +119,10 @@ def _services(request: pytest.FixtureRequest) -> None:
 @pytest.fixture
 def recorder(settings: Settings) -> Iterator[RecordingBridge]:
     """Route admissions to an in-memory recorder instead of Celery."""
-    from tests.bridge import recorder as rec
+    from tests.support.bridge import recorder as rec
 
     pools = dict(settings.POOLS)
-    pools["PUBLISHER"] = "tests.bridge.recorder"
+    pools["PUBLISHER"] = "tests.support.bridge.recorder"
     settings.POOLS = pools
     rec.reset()
     yield rec

@@ -11,7 +11,7 @@ import pools
 from pools import BudgetExceeded
 from pools.models import EntryState, QueueEntry, RunBudget
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
-from tests.factories import make_pool
+from tests.support.factories import make_pool
 from tests.testapp.tasks import BUDGET_POOL, spend
 
 pytestmark = WORKER_TEST_MARKS

@@ -18,7 +18,7 @@ from pools.models import EntryState, Pool, QueueEntry
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import wait_for
-from tests.factories import make_pool
+from tests.support.factories import make_pool
 from tests.testapp.tasks import flaky_order, retrying_job, skip_job
 
 pytestmark = WORKER_TEST_MARKS

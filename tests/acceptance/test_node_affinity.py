@@ -19,7 +19,7 @@ from tests.acceptance.conftest import (
     _worker_env,
 )
 from tests.acceptance.faults_support import wait_for
-from tests.factories import make_pool
+from tests.support.factories import make_pool
 from tests.testapp.tasks import record
 
 pytestmark = WORKER_TEST_MARKS

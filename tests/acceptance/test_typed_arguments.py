@@ -37,7 +37,7 @@ from pytest_django import Settings
 from pools.models import UNFINISHED_STATES, EntryState, Pool, QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
 from tests.celery_app import app
-from tests.factories import make_pool
+from tests.support.factories import make_pool
 from tests.testapp import typed_tasks as t
 
 pytestmark = WORKER_TEST_MARKS

@@ -17,8 +17,8 @@ from pools.celery import gate
 from pools.core import events as pool_events
 from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
-from tests.bridge import RecordingBridge
 from tests.celery_app import app
+from tests.support.bridge import RecordingBridge
 from tests.testapp.tasks import noted
 
 pytestmark = WORKER_TEST_MARKS

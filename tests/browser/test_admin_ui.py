@@ -15,9 +15,9 @@ from django.contrib.auth.models import User
 
 from pools.core import admission, leases
 from pools.models import EntryState, QueueEntry
-from tests.bridge import RecordingBridge
 from tests.browser.conftest import login, screenshot
-from tests.factories import make_pool, submit
+from tests.support.bridge import RecordingBridge
+from tests.support.factories import make_pool, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

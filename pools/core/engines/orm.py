@@ -3,7 +3,7 @@
 Row locks are taken through :mod:`pools.core.locking` (pool rows ``FOR UPDATE`` in name
 order, then entry and demand rows of those pools), so no transaction can deadlock another.
 On SQLite ``select_for_update`` is a no-op and the database must run ``IMMEDIATE``
-transactions, which serialize writers. ``tests/integration/test_differential.py`` holds
+transactions, which serialize writers. ``tests/integration/pg/test_differential.py`` holds
 this engine and the PostgreSQL one to ``docs/concepts/contract.md``.
 """
 
