@@ -75,7 +75,7 @@ CALL_OPTIONS = frozenset(
         "budget",
     }
 )
-#: Concurrency policies (``pools.models.ConcurrencyPolicy``; listed here, which imports no model).
+#: Concurrency policies (the values of ``pools.states.ConcurrencyPolicy``).
 POLICIES = ("allow", "forbid", "replace", "skip")
 #: Longest job key or idempotency key (the columns hold 255 characters with the task name).
 MAX_KEY_LENGTH = 200

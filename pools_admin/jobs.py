@@ -6,7 +6,8 @@ from django.contrib import messages
 from django.db import DatabaseError
 
 from pools.exceptions import PoolError, PoolUnavailable
-from pools.models import HELD_STATES, EntryState, Origin, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import HELD_STATES, EntryState, Origin
 
 
 def _where(queue_id: int | None) -> str:

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from pools.core import explain as core
-from pools.models import Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import EntryState
 
 
 def explain_entries(

@@ -28,7 +28,8 @@ from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, v
 from pools.celery import jobs
 from pools.core import admission, capacity, explain, pool_crud, reads, snapshots
 from pools.exceptions import EntryNotFound, PoolRefused, UnknownPool
-from pools.models import Origin, Pool
+from pools.models import Pool
+from pools.states import Origin
 
 #: Head entries per pool in ``GET pools/`` and ``GET pools/<name>/``.
 LIST_HEAD, DETAIL_HEAD = 5, 10

@@ -50,8 +50,9 @@ def _fill(pools: int, per_pool: int) -> None:
     from pools.bench import backlog
     from pools.core import admission
     from pools.core.records import Submission
-    from pools.models import EntryState, Pool, QueueEntry
+    from pools.models import Pool, QueueEntry
     from pools.specs import PoolSpec
+    from pools.states import EntryState
 
     for i in range(pools):
         name = f"{PREFIX}{i:03}"

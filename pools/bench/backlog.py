@@ -24,7 +24,8 @@ from django.utils import timezone
 from pools.bench.progress import Progress
 from pools.celery import messages
 from pools.core import admission, strategies
-from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry, Strategy
+from pools.models import Demand, Pool, PoolEvent, QueueEntry, Strategy
+from pools.states import EntryState, EventKind
 
 #: Every pool the benchmark creates starts with this; it deletes them (and their rows) after.
 PREFIX = "bench-"

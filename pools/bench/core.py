@@ -161,8 +161,9 @@ def _ballast() -> None:
     from pools.bench import backlog
     from pools.core import admission
     from pools.core.records import Submission
-    from pools.models import EntryState, Pool, QueueEntry
+    from pools.models import Pool, QueueEntry
     from pools.specs import PoolSpec
+    from pools.states import EntryState
 
     have = QueueEntry.objects.filter(demand__has_key=BALLAST_POOL).count()
     if have >= BALLAST:
@@ -213,8 +214,9 @@ def _fill(depth: int, procs: int) -> None:
     from pools.bench import backlog
     from pools.core import admission
     from pools.core.records import Submission
-    from pools.models import EntryState, Pool
+    from pools.models import Pool
     from pools.specs import PoolSpec
+    from pools.states import EntryState
 
     spec = PoolSpec.build(POOL, procs + 1)
     first = Submission(key=str(uuid.uuid4()), task_name="w7.filler", spec=spec)
@@ -244,7 +246,8 @@ def run_once(
     """One repetition with ``procs`` processes and ``cycles`` tasks in all."""
     from django.db import connections
 
-    from pools.models import EntryState, Pool, QueueEntry
+    from pools.models import Pool, QueueEntry
+    from pools.states import EntryState
 
     _reset()
     Pool.objects.create(name=POOL, slots=procs + 1, strategy=strategy, paused=True)

@@ -39,8 +39,9 @@ from pools.core import admission, definitions, locking
 from pools.core.locking import unavailable_on_error
 from pools.core.records import BUDGET_OPTION, Admission, Enqueued, Finished, Submission
 from pools.exceptions import PoolConfigurationError, PoolUnavailable, UnknownPool
-from pools.models import ConcurrencyPolicy, Origin, QueueEntry
+from pools.models import QueueEntry
 from pools.specs import PoolSpec, resolve_key
+from pools.states import ConcurrencyPolicy, Origin
 
 #: Prefix of the idempotency key a ``skip`` entry takes for its job.
 SKIP_KEY_PREFIX = "job:"

@@ -17,7 +17,8 @@ from typing import Any
 
 from pools.celery import gate, refusals
 from pools.exceptions import JobNotFound, PoolConfigurationError, PoolError
-from pools.models import Origin, QueueEntry
+from pools.models import QueueEntry
+from pools.states import Origin
 
 
 @dataclass(frozen=True, kw_only=True)

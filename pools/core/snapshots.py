@@ -29,8 +29,9 @@ from django.utils import timezone
 from pools.core import explain, rates, spendcap
 from pools.core.explain import PoolView
 from pools.exceptions import UnknownPool
-from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
 from pools.querysets import LINE_ORDER, held_slots_expr
+from pools.states import HELD_STATES, TERMINAL_STATES, EntryState
 
 #: Demand states of unfinished entries, counted per pool (``delayed``: not due yet).
 ACTIVE_STATES = ("waiting", "delayed", "admitted", "running")

@@ -14,7 +14,8 @@ import pytest
 from celery.exceptions import TaskRevokedError
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import wait_for

@@ -9,7 +9,8 @@ import pytest
 
 from pools.celery import processes
 from pools.core import explain
-from pools.models import EntryState, QueueEntry, WorkerNode
+from pools.models import QueueEntry, WorkerNode
+from pools.states import EntryState
 from tests.acceptance.conftest import (
     ROOT,
     START_TIMEOUT,

@@ -197,7 +197,8 @@ def test_two_rates__5_per_second_until_30_in_the_minute_then_held_with_a_wake_up
     """
     from pools import cancel
     from pools.core import explain
-    from pools.models import EntryState, Pool, QueueEntry
+    from pools.models import Pool, QueueEntry
+    from pools.states import EntryState
 
     celery_workers(count=2, concurrency=4)
     _rate_pool(rate_tasks.TWO_RATES_POOL, rate=["5/s", "30/m"])

@@ -15,7 +15,8 @@ from celery.utils import uuid
 
 from pools.celery import gate
 from pools.core import events as pool_events
-from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
+from pools.models import PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind, Origin
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
 from tests.celery_app import app
 from tests.support.bridge import RecordingBridge

@@ -19,7 +19,8 @@ from pools import conf
 from pools.core import events, locking, pass_runs, settling
 from pools.core.enqueueing import enqueue_with_locks
 from pools.core.records import Admission, Claim, Enqueued, Submission
-from pools.models import EntryState, EventKind, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState, EventKind
 
 
 class OrmEngine:

@@ -18,7 +18,8 @@ from django.test import Client
 from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from pools.models import EntryState, EventKind, Origin, Pool, PoolEvent, QueueEntry
+from pools.models import Pool, PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind, Origin
 from tests.support.admin import ADMIN_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

@@ -13,7 +13,8 @@ from django.urls import reverse
 from pytest_django import DjangoAssertNumQueries
 
 from pools.core import admission, leases, pool_crud
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from tests.support.admin import ADMIN_APPS, card_row, card_rows
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

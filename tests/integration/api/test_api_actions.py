@@ -10,7 +10,8 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
-from pools.models import EntryState, Origin, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState, Origin
 from tests.support.api import API_APPS, client_for, error, url
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

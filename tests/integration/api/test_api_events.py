@@ -12,7 +12,8 @@ from rest_framework.test import APIClient
 
 from pools import permissions
 from pools.core import admission, capacity, pool_crud
-from pools.models import EventKind, PoolEvent
+from pools.models import PoolEvent
+from pools.states import EventKind
 from tests.support.admin import ADMIN_APPS
 from tests.support.api import client_for, make_user, url
 from tests.support.bridge import RecordingBridge

@@ -6,7 +6,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from pools.core import admission
-from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from pools.models import Pool, PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind
 from tests.support.api import API_APPS, client_for, error, url
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

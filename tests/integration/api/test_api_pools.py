@@ -13,7 +13,8 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from pools.core import admission
-from pools.models import Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import EntryState
 from tests.support.api import API_APPS, client_for, error, make_user, url
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

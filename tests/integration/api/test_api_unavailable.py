@@ -19,7 +19,8 @@ from pytest_django import Settings
 from rest_framework.response import Response
 from rest_framework.test import APIClient
 
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from tests.integration.core.test_locking import pool_row_locked
 from tests.support.api import ALL_PERMS, API_APPS, client_for, error, url
 from tests.support.bridge import RecordingBridge

@@ -7,7 +7,8 @@ from pytest_django import Settings
 
 from pools.celery import gate
 from pools.core import declarations, settings_sync
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.testapp.tasks import add, free_span

@@ -9,7 +9,8 @@ import pytest
 from pools.celery import messages
 from pools.core import admission, explain, nodes
 from pools.exceptions import PoolConfigurationError
-from pools.models import EntryState, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool

@@ -13,7 +13,8 @@ from unittest import mock
 import pytest
 
 from pools.core import admission
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.integration.celery.test_gate_publish import Broker
 from tests.support.factories import make_pool

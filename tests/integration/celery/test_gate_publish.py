@@ -16,7 +16,8 @@ from pytest_django import Settings
 
 from pools.celery import messages
 from pools.exceptions import PoolConfigurationError, UnknownPool
-from pools.models import EntryState, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.factories import make_pool
 from tests.testapp.tasks import add, record

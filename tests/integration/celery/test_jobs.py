@@ -13,7 +13,8 @@ from pytest_django import Settings
 
 from pools.celery import jobs
 from pools.exceptions import JobNotFound, PoolFull
-from pools.models import EntryState, Origin, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState, Origin
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool

@@ -11,7 +11,8 @@ from django.db import connection
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from pools.celery import beat
-from pools.models import EntryState, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool

@@ -16,7 +16,8 @@ from pools.exceptions import (
     PoolFull,
     UnknownPool,
 )
-from pools.models import Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

@@ -18,8 +18,9 @@ from django.db import connection
 
 from pools.core import admission, dispatch, pass_runs
 from pools.core.records import Admission
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
 from pools.pg import fastpath, functions
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

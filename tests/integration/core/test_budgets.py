@@ -10,8 +10,9 @@ import pytest
 from pools.core import admission, budgets
 from pools.core.records import BUDGET_OPTION, Enqueued, Submission
 from pools.exceptions import BudgetExceeded, LeaseLost, PoolConfigurationError
-from pools.models import Charge, EntryState, EventKind, PoolEvent, QueueEntry, RunBudget
+from pools.models import Charge, PoolEvent, QueueEntry, RunBudget
 from pools.specs import Budget, PoolSpec
+from pools.states import EntryState, EventKind
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool
 

@@ -27,8 +27,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from pools.core import admission, events
-from pools.models import Demand, EntryState, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, Pool, PoolEvent, QueueEntry
 from pools.pg import functions
+from pools.states import EntryState
 from tests.conftest import POOL_APPS, _admission_paths
 from tests.support import contention
 from tests.support.bridge import RecordingBridge

@@ -29,7 +29,8 @@ from pools.exceptions import (
     PoolPaused,
     UnknownPool,
 )
-from pools.models import DELAYED, Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import DELAYED, EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

@@ -11,7 +11,8 @@ from pytest_django import DjangoAssertNumQueries
 
 from pools.core import admission, explain, snapshots
 from pools.exceptions import EntryNotFound, UnknownPool
-from pools.models import Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

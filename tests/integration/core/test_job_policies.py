@@ -10,7 +10,8 @@ import pytest
 
 from pools.core import admission, enqueueing
 from pools.exceptions import PoolConfigurationError
-from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
+from pools.models import PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind, Origin
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool

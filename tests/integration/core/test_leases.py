@@ -17,7 +17,8 @@ from pools.celery.keeper import LeaseKeeper, body_running
 from pools.core import admission, leases, sweeps
 from pools.core.leases import Claim
 from pools.exceptions import LeaseLost
-from pools.models import EntryState, EventKind, PoolEvent, QueueEntry
+from pools.models import PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

@@ -31,7 +31,8 @@ from pytest_django import DjangoAssertNumQueries, Settings
 from pools.core import admission
 from pools.core.records import Enqueued
 from pools.exceptions import PoolUnavailable
-from pools.models import Demand, EntryState, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, Pool, PoolEvent, QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

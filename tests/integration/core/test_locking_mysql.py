@@ -25,7 +25,8 @@ from pytest_django import Settings
 
 from pools.core import admission, locking
 from pools.exceptions import PoolUnavailable
-from pools.models import Demand, EntryState, PoolEvent, QueueEntry
+from pools.models import Demand, PoolEvent, QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

@@ -13,7 +13,8 @@ import pytest
 from django.utils import timezone
 
 from pools.core import admission, sweeps
-from pools.models import DELAYED, Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import DELAYED, EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool

@@ -12,7 +12,8 @@ from pytest_django import Settings
 
 from pools.core import admission, definitions, per_key, pool_crud, sweeps
 from pools.exceptions import PoolConfigurationError, PoolKeyError
-from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, Pool, PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool

@@ -23,7 +23,8 @@ from pools.core import (
     sweeps,
 )
 from pools.exceptions import PoolDraining, PoolFull, PoolPaused
-from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry, WorkerNode
+from pools.models import Pool, PoolEvent, QueueEntry, WorkerNode
+from pools.states import EntryState, EventKind
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

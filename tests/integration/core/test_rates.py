@@ -17,8 +17,9 @@ from django.utils import timezone
 
 from pools.core import admission, explain, per_key, pool_crud, rates, settings_sync
 from pools.core.records import Submission
-from pools.models import EntryState, Pool, QueueEntry, RateMark
+from pools.models import Pool, QueueEntry, RateMark
 from pools.specs import PoolSpec
+from pools.states import EntryState
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit
 

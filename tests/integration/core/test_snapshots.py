@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pools.core import leases, snapshots
-from pools.models import EntryState
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

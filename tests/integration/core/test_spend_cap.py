@@ -10,7 +10,8 @@ from django.utils import timezone
 from pools import pool_fields
 from pools.core import admission, capacity, declarations, explain, pool_crud, spendcap
 from pools.exceptions import PoolConfigurationError
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from pools.testing import spend_clock
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

@@ -17,7 +17,8 @@ from django.test import override_settings
 
 from pools.core import admission, explain, per_key, pool_crud, settings_sync, strategies
 from pools.exceptions import PoolConfigurationError
-from pools.models import Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

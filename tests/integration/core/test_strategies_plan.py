@@ -17,7 +17,8 @@ from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries
 
 from pools.core import admission, strategies
-from pools.models import FAIR_STATES, Demand, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import FAIR_STATES
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit

@@ -48,8 +48,9 @@ from pools import signals
 from pools.core import admission, capacity, dispatch, leases, nodes, pool_crud, records, sweeps
 from pools.core.records import Submission
 from pools.exceptions import PoolError
-from pools.models import Demand, EventKind, Pool, PoolEvent, QueueEntry, RateMark
+from pools.models import Demand, Pool, PoolEvent, QueueEntry, RateMark
 from pools.specs import PoolSpec
+from pools.states import EventKind
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool

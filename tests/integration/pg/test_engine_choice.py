@@ -20,10 +20,11 @@ from pools.core import engine as engine_module
 from pools.core.engines.orm import ORM
 from pools.core.records import Submission
 from pools.exceptions import PoolUnavailable
-from pools.models import EntryState, QueueEntry
+from pools.models import QueueEntry
 from pools.pg import engine as pg_engine
 from pools.pg import functions
 from pools.specs import PoolSpec
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.factories import make_pool, submit
 

@@ -17,8 +17,9 @@ from django.db import connection
 from pools import signals
 from pools.core import admission, leases
 from pools.exceptions import PoolUnavailable
-from pools.models import EntryState, Pool, PoolEvent, QueueEntry
+from pools.models import Pool, PoolEvent, QueueEntry
 from pools.pg import fastpath, functions
+from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.factories import make_pool, submit
 

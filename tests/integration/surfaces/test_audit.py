@@ -13,7 +13,8 @@ from rest_framework.test import APIClient
 
 from pools import signals
 from pools.core import capacity, pool_crud
-from pools.models import EventKind, Pool, PoolEvent, QueueEntry
+from pools.models import Pool, PoolEvent, QueueEntry
+from pools.states import EventKind
 from tests.support.admin import ADMIN_APPS
 from tests.support.api import ALL_PERMS, make_user, url
 from tests.support.bridge import RecordingBridge

@@ -18,7 +18,8 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from pools import permissions
-from pools.models import EntryState, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState
 from tests.support.admin import ADMIN_APPS
 from tests.support.api import make_user, url
 from tests.support.bridge import RecordingBridge
