@@ -15,9 +15,9 @@ from django.utils.translation import gettext_lazy as _
 
 # The choices of pool fields are defined with the field table; named here as before.
 from pools.pool_fields import OverflowPolicy, PausedPolicy, Strategy
+from pools.pool_names import POOL_NAME_RE
 from pools.querysets import DemandQuerySet, QueueEntryQuerySet
 from pools.rates_text import validate_field as validate_rate
-from pools.specs import POOL_NAME_RE
 from pools.states import (
     DELAYED,
     DEMAND_STATES,

@@ -57,7 +57,7 @@ from django.utils import timezone
 from pools.core import eligibility, spendcap, windows
 from pools.exceptions import EntryNotFound
 from pools.models import Demand, Pool, QueueEntry
-from pools.specs import CAP_PREFIXES, gate_rank
+from pools.pool_names import CAP_PREFIXES, gate_rank
 from pools.states import HELD_STATES, TERMINAL_STATES, EntryState
 
 #: The closed set of ``blocked_by`` values.

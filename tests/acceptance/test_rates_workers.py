@@ -269,7 +269,7 @@ def test_task_rate__pooled_rate_20_per_second_across_both_workers(
 ) -> None:
     """``@pooled(rate="20/s")`` and no named pool: the task's own rated pool, global where
     Celery's ``rate_limit="20/s"`` would allow 20/s per worker (40/s on these two)."""
-    from pools.specs import TASK_CAP_PREFIX, cap_pool_name
+    from pools.pool_names import TASK_CAP_PREFIX, cap_pool_name
 
     celery_workers(count=2, concurrency=4)
     # The task's pool is made at the first submit: the line fills faster than 20/s.

@@ -20,6 +20,7 @@ CORE = ("pools.core", "pools.pg", "pools.models", "pools.querysets", "pools.conf
 #: Pure value code: no database, no Django models, nothing of the engine.
 PURE = (
     "pools.specs",
+    "pools.pool_names",
     "pools.states",
     "pools.pool_fields",
     "pools.rates_text",

@@ -16,7 +16,7 @@ import pools
 from pools.core import admission, explain, per_key, pool_crud
 from pools.exceptions import PoolConfigurationError
 from pools.models import Pool, QueueEntry
-from pools.specs import RUN_CAP_PREFIX, TASK_CAP_PREFIX, cap_pool_name
+from pools.pool_names import RUN_CAP_PREFIX, TASK_CAP_PREFIX, cap_pool_name
 from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
