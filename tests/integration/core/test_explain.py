@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries
 
-from pools.core import admission, explain, snapshots
+from pools.core import admission, entry_pages, explain, line_places, snapshots
 from pools.exceptions import EntryNotFound, UnknownPool
 from pools.models import Demand, Pool, QueueEntry
 from pools.states import EntryState
@@ -148,7 +148,7 @@ def test_eta__none_without_history_then_from_mean_hold(recorder: RecordingBridge
     assert got["w4"].eta == exp_now + timedelta(seconds=20)
     assert got["w5"].eta == exp_now + timedelta(seconds=40)
     pool = Pool.objects.get(name="p")
-    assert explain.estimate_eta(pool, 3, exp_now) == exp_now + timedelta(seconds=40)
+    assert line_places.estimate_eta(pool, 3, exp_now) == exp_now + timedelta(seconds=40)
 
 
 def _bulk_line(pool: Pool, count: int) -> list[QueueEntry]:
@@ -178,10 +178,10 @@ def test_positions__match_the_admission_order_with_ties(recorder: RecordingBridg
     order = sorted(entries, key=lambda e: (-e.priority, e.enqueued_at, e.queue_id))
     expected = {e.queue_id: i + 1 for i, e in enumerate(order)}
     sample = random.Random(1).sample(entries, 12)
-    assert explain.positions(pool, sample) == {e.queue_id: expected[e.queue_id] for e in sample}
+    assert line_places.positions(pool, sample) == {e.queue_id: expected[e.queue_id] for e in sample}
     for e in sample[:3]:
         assert place(e.key, "p").position == expected[e.queue_id]
-    assert explain.positions(pool, [entry("run")]) == {}, "a holder is not in line"
+    assert line_places.positions(pool, [entry("run")]) == {}, "a holder is not in line"
 
 
 @pytest.mark.parametrize("depth", [5, 500])
@@ -268,7 +268,7 @@ def test_entries_page__walks_the_line_in_order_with_positions(recorder: Recordin
     seen: list[tuple[str, int | None]] = []
     cursor, pages = None, 0
     while True:
-        page = snapshots.entries_page("p", cursor=cursor, limit=10)
+        page = entry_pages.entries_page("p", cursor=cursor, limit=10)
         seen.extend((i.key, i.position) for i in page.items)
         pages += 1
         if page.next_cursor is None:
@@ -276,15 +276,15 @@ def test_entries_page__walks_the_line_in_order_with_positions(recorder: Recordin
         cursor = page.next_cursor
     assert pages == 3
     assert seen == [(k, i + 1) for i, k in enumerate(order)]
-    held = snapshots.entries_page("p", state="admitted")
+    held = entry_pages.entries_page("p", state="admitted")
     assert [i.key for i in held.items] == ["run"] and held.next_cursor is None
 
 
 def test_entries_page__bad_cursor_and_state(recorder: RecordingBridge) -> None:
     make_pool("p", 1)
-    with pytest.raises(snapshots.InvalidCursor):
-        snapshots.entries_page("p", cursor="%%%")
-    with pytest.raises(snapshots.InvalidCursor):
-        snapshots.entries_page("p", state="sleeping")
-    other_state = snapshots.entries_page("p", state="admitted").next_cursor
+    with pytest.raises(entry_pages.InvalidCursor):
+        entry_pages.entries_page("p", cursor="%%%")
+    with pytest.raises(entry_pages.InvalidCursor):
+        entry_pages.entries_page("p", state="sleeping")
+    other_state = entry_pages.entries_page("p", state="admitted").next_cursor
     assert other_state is None

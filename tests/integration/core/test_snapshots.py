@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pools.core import leases, snapshots
+from pools.core import entry_pages, leases, snapshots
 from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
@@ -25,8 +25,8 @@ def test_counts__a_started_entry_counts_as_running_not_admitted(recorder: Record
 
     snap = snapshots.snapshot("p")
     assert (snap.counts["running"], snap.counts["admitted"]) == (1, 1)
-    running = snapshots.entries_page("p", state="running").items
-    admitted = snapshots.entries_page("p", state="admitted").items
+    running = entry_pages.entries_page("p", state="running").items
+    admitted = entry_pages.entries_page("p", state="admitted").items
     assert [i.key for i in running] == ["started"]
     assert [i.key for i in admitted] == ["admitted"]
 

@@ -15,7 +15,14 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from pools.core import admission, explain, per_key, pool_crud, settings_sync, strategies
+from pools.core import (
+    admission,
+    line_places,
+    per_key,
+    pool_crud,
+    settings_sync,
+    strategies,
+)
 from pools.exceptions import PoolConfigurationError
 from pools.models import Demand, Pool, QueueEntry
 from pools.states import EntryState
@@ -108,7 +115,7 @@ def test_strategy__positions_follow_the_admission_order(
     submit("p", key="holder")
     line(clock, "p", ITEMS)
     ids = {e.key: e.queue_id for e in QueueEntry.objects.filter(key__startswith="e")}
-    places = explain.positions(pool, list(ids.values()))
+    places = line_places.positions(pool, list(ids.values()))
     by_place = sorted(ids, key=lambda k: places[ids[k]])
     assert drain(recorder, "holder", len(ITEMS)) == by_place
 
