@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pools.bench import backlog
+from pools.bench import bulk_copy
 from pools.models import Demand, Pool, QueueEntry
 from tests.support.bridge import RecordingBridge
 from tests.support.factories import make_pool, submit
@@ -24,7 +24,7 @@ def test_copy_entries__copies_are_placed_by_the_pools_strategy(
 ) -> None:
     make_pool("p", 1, paused=True, strategy=strategy)
     template = submit("p", key="t", priority=0)
-    backlog.copy_entries(template.key, range(3), lambda j: [j], lambda j: [10, 0, 5][j])
+    bulk_copy.copy_entries(template.key, range(3), lambda j: [j], lambda j: [10, 0, 5][j])
     assert QueueEntry.objects.count() == 4
     if strategy == "priority":
         assert line("p") == [10, 5, 0, 0]  # by priority, then first come (the template)
