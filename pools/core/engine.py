@@ -72,6 +72,16 @@ class Engine(Protocol):
         ...
 
 
+def configured() -> Engine:
+    """The engine the settings and the vendor call for, without reading the database.
+
+    For the system checks, which must not query (``manage.py check`` and ``migrate`` run
+    them on a database that may not be migrated yet): a PostgreSQL database without the
+    stored functions still gets the ORM engine from :func:`engine` until it is migrated.
+    """
+    return pg_engine.POSTGRESQL if fastpath.enabled() else ORM
+
+
 def choose() -> tuple[Engine, bool]:
     """The engine for the default connection as configured now (no cache), and whether
     that choice may be kept for the connection.
