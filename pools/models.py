@@ -2,7 +2,9 @@
 
 Rows are changed only by the service modules (:mod:`pools.core.admission`,
 :mod:`pools.core.leases`, the pool services such as :mod:`pools.core.pool_crud`); never
-``update(state=...)`` elsewhere.
+``update(state=...)`` elsewhere. The states and kinds the rows store (``EntryState``,
+``EventKind``, ...) are pure values in :mod:`pools.states`; the queries in
+:mod:`pools.querysets`.
 """
 
 from __future__ import annotations
