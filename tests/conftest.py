@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
-from pytest_django import Settings
+from pytest_django import DjangoDbBlocker, Settings
 
 from tests.support import pgbouncer
 from tests.support.bridge import RecordingBridge
@@ -100,6 +100,19 @@ def _database_server() -> None:
     if vendor == "mysql":
         db = settings.DATABASES["default"]
         require_service("MariaDB/MySQL", str(db["HOST"]), int(str(db["PORT"])))
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: DjangoDbBlocker) -> None:
+    """pytest-django's test database, then, on PostgreSQL, the engine choice's one catalog
+    read of the process (``pools.core.engine.missing_functions``: are the stored functions
+    installed?). Read here, as a process that has served a call before has read it, so
+    that a test counting the queries of one call counts that call's alone."""
+    if db_vendor() == "postgresql":
+        from pools.core import engine
+
+        with django_db_blocker.unblock():
+            engine.missing_functions()
 
 
 @pytest.fixture(autouse=True)

@@ -96,7 +96,7 @@ def choose() -> tuple[Engine, bool]:
     if not fastpath.enabled():
         return ORM, True
     try:
-        missing = _missing_functions()
+        missing = missing_functions()
     except DatabaseError:
         return pg_engine.POSTGRESQL, False
     if missing:
@@ -105,10 +105,23 @@ def choose() -> tuple[Engine, bool]:
     return pg_engine.POSTGRESQL, True
 
 
-def _missing_functions() -> list[str]:
-    """:func:`pools.pg.engine.missing_functions`, read once per database session: kept on
-    the connection with the session it was read on (a settings reload does not read it
-    again; a new session, after ``migrate`` for instance, does)."""
+#: Databases (name, host, port) known to have the stored functions this code calls. Kept
+#: for the process: once installed at a version they stay while this code runs (a release
+#: drops them one release later, never under the code that calls them).
+_installed: set[tuple[str, str, str]] = set()
+
+
+def missing_functions() -> list[str]:
+    """The stored functions this code calls that the default database lacks (PostgreSQL).
+
+    One catalog query the first time per process for a database that has them all (then
+    remembered); for one that lacks some, once per database session (a new session, after
+    ``migrate`` for instance, reads again). Database errors propagate.
+    """
+    where = connection.settings_dict
+    database = (str(where.get("NAME")), str(where.get("HOST")), str(where.get("PORT")))
+    if database in _installed:
+        return []
     connection.ensure_connection()
     session = connection.connection
     kept = getattr(connection, "_pools_missing_functions", None)
@@ -116,7 +129,10 @@ def _missing_functions() -> list[str]:
         missing: list[str] = kept[1]
         return missing
     missing = pg_engine.missing_functions()
-    connection._pools_missing_functions = (session, missing)  # type: ignore[attr-defined]
+    if missing:
+        connection._pools_missing_functions = (session, missing)  # type: ignore[attr-defined]
+    else:
+        _installed.add(database)
     return missing
 
 

@@ -38,7 +38,8 @@ HIDDEN = f"{ENQUEUE}_hidden"
 
 
 def forget_choice() -> None:
-    """As a new connection: nothing chosen or read yet."""
+    """As a new process: nothing chosen or read yet."""
+    engine_module._installed.clear()
     for kept in ("_pools_engine", "_pools_missing_functions"):
         if hasattr(connection, kept):
             delattr(connection, kept)
@@ -49,9 +50,23 @@ def rename(old: str, new: str) -> None:
         cursor.execute(f"ALTER FUNCTION {old} RENAME TO {new}")
 
 
+def count_reads(monkeypatch) -> list[list[str]]:
+    """What each catalog read of the engine choice found, in order."""
+    reads: list[list[str]] = []
+    real = pg_engine.missing_functions
+
+    def counted() -> list[str]:
+        reads.append(real())
+        return reads[-1]
+
+    monkeypatch.setattr(pg_engine, "missing_functions", counted)
+    return reads
+
+
 @pytest.fixture
-def fast_path(settings) -> Iterator[None]:
+def fast_path(settings, monkeypatch) -> Iterator[None]:
     settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
+    monkeypatch.setattr(engine_module, "_installed", set())  # the process's, put back after
     forget_choice()
     yield
     forget_choice()
@@ -68,9 +83,15 @@ def without_enqueue_function(fast_path: None, monkeypatch) -> Iterator[None]:
         forget_choice()
 
 
-def test_engine_choice__with_the_functions_installed_postgresql_gets_its_engine(fast_path):
-    assert pg_engine.missing_functions() == []
+def test_engine_choice__with_the_functions_installed_postgresql_gets_its_engine(
+    fast_path, monkeypatch
+):
+    reads = count_reads(monkeypatch)
     assert engine_module.engine() is pg_engine.POSTGRESQL
+    connection.close()
+    delattr(connection, "_pools_engine")  # a new connection of the same process
+    assert engine_module.engine() is pg_engine.POSTGRESQL
+    assert reads == [[]]  # installed: read once per process
 
 
 def test_engine_choice__without_a_function_the_orm_engine_admits_and_one_warning_says_migrate(
@@ -83,22 +104,15 @@ def test_engine_choice__without_a_function_the_orm_engine_admits_and_one_warning
         pg_engine.POSTGRESQL.enqueue(sub, timezone.now(), None, budgeted=False)
     assert pg_engine.missing_functions() == [ENQUEUE]
 
-    reads: list[list[str]] = []
-    real = pg_engine.missing_functions
-
-    def counted() -> list[str]:
-        reads.append(real())
-        return reads[-1]
-
-    monkeypatch.setattr(pg_engine, "missing_functions", counted)
+    reads = count_reads(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="pools.engine"):
         assert engine_module.engine() is ORM
         assert submit("p", key="a").admitted
         assert not submit("p", key="b").admitted  # waits: one slot
         assert engine_module.engine() is ORM
-        forget_choice()  # a new connection: chosen again, no second warning
+        connection.close()  # a new session: read again, no second warning
         assert engine_module.engine() is ORM
-    assert reads == [[ENQUEUE], [ENQUEUE]]  # once per connection, not per call
+    assert reads == [[ENQUEUE], [ENQUEUE]]  # once per session, not per call
     warnings = [r.getMessage() for r in caplog.records if r.name == "pools.engine"]
     assert len(warnings) == 1, warnings
     assert ENQUEUE in warnings[0] and "manage.py migrate pools" in warnings[0]
