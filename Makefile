@@ -162,10 +162,11 @@ test-mariadb: install
 	@bash scripts/services.sh mariadb
 	POOLS_TEST_DB=mysql CELERY_BROKER_URL=redis://127.0.0.1:6379/12 \
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/13 POOLS_CONTENTION_ENTRIES=600 \
-	$(BIN)/pytest -q tests/integration/test_admission.py tests/integration/test_leases.py \
-		tests/integration/test_locking_mysql.py tests/integration/test_schema_mysql.py tests/integration/test_checks_mysql.py \
-		tests/integration/test_unavailable_reasons.py tests/integration/test_contention.py \
-		tests/integration/test_enqueue_in_transaction.py tests/integration/test_fanout.py \
+	$(BIN)/pytest -q tests/integration/core/test_admission.py tests/integration/core/test_leases.py \
+		tests/integration/core/test_locking_mysql.py tests/integration/schema/test_schema_mysql.py \
+		tests/integration/checks/test_checks_mysql.py \
+		tests/integration/core/test_unavailable_reasons.py tests/integration/core/test_contention.py \
+		tests/integration/core/test_enqueue_in_transaction.py tests/integration/celery/test_fanout.py \
 		tests/unit/test_service_requirement.py \
 		$(MARIADB_ACCEPTANCE)
 
@@ -187,7 +188,7 @@ PGBOUNCER_TESTS := tests/acceptance/test_pgbouncer.py tests/acceptance/test_gate
 	tests/acceptance/test_worker_gate.py tests/acceptance/test_enqueue_in_transaction.py \
 	tests/acceptance/test_typed_arguments.py \
 	"tests/acceptance/test_faults.py::test_faults__sigkilled_worker_claims_return_through_the_beat_sweep" \
-	tests/integration/test_enqueue_in_transaction.py
+	tests/integration/core/test_enqueue_in_transaction.py
 test-pgbouncer: install services pgbouncer
 	POOLS_PGBOUNCER_PORT=$(PGBOUNCER_PORT) bash scripts/pgbouncer/start.sh
 	POOLS_TEST_DB=postgres POOLS_PG_PORT=$(PGBOUNCER_PORT) POOLS_PG_POOLER=transaction \

@@ -327,7 +327,8 @@ def drain(trickle: traffic.Trickle, timeout: float) -> bool:
     all of them succeeded."""
     from django.db.models import Q
 
-    from pools.models import TERMINAL_STATES, QueueEntry
+    from pools.models import QueueEntry
+    from pools.states import TERMINAL_STATES
 
     started = time.monotonic()
     ours = Q(key__in=trickle.keys) | Q(root_id__in=trickle.runs)

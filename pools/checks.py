@@ -180,9 +180,9 @@ def _own_worker_connection() -> bool:
     Celery's fix-up does not close that one, so CELERY_DB_REUSE_MAX changes nothing there
     (docs/benchmarks.md, "A lean hot path": the same speed set and unset).
     """
-    from pools.core.engine import engine
+    from pools.core.engine import configured
 
-    return engine().own_worker_connection
+    return configured().own_worker_connection
 
 
 def _db_reuse_max(app: Celery | None) -> object:

@@ -22,7 +22,8 @@ from django.utils import timezone
 
 from pools.core import rates, spendcap
 from pools.exceptions import PoolConfigurationError
-from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, RunBudget
+from pools.models import Demand, Pool, PoolEvent, RunBudget
+from pools.states import EntryState, EventKind
 
 #: Event kinds counted as refusals (entries that ended without running), by ``reason``.
 #: An entry dropped by a full pool's overflow policy ends ``rejected`` (its event too).

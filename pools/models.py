@@ -2,7 +2,9 @@
 
 Rows are changed only by the service modules (:mod:`pools.core.admission`,
 :mod:`pools.core.leases`, the pool services such as :mod:`pools.core.pool_crud`); never
-``update(state=...)`` elsewhere.
+``update(state=...)`` elsewhere. The states and kinds the rows store (``EntryState``,
+``EventKind``, ...) are pure values in :mod:`pools.states`; the queries in
+:mod:`pools.querysets`.
 """
 
 from __future__ import annotations
@@ -15,68 +17,20 @@ from django.utils.translation import gettext_lazy as _
 
 # The choices of pool fields are defined with the field table; named here as before.
 from pools.pool_fields import OverflowPolicy, PausedPolicy, Strategy
+from pools.pool_names import POOL_NAME_RE
 from pools.querysets import DemandQuerySet, QueueEntryQuerySet
 from pools.rates_text import validate_field as validate_rate
-from pools.specs import POOL_NAME_RE
-
-
-class EntryState(models.TextChoices):
-    """Life of a queue entry (see docs/concepts/admission.md, States)."""
-
-    WAITING = "waiting", _("waiting")
-    ADMITTED = "admitted", _("admitted")
-    RUNNING = "running", _("running")
-    SUCCEEDED = "succeeded", _("succeeded")
-    FAILED = "failed", _("failed")
-    CANCELLED = "cancelled", _("cancelled")
-    EXPIRED = "expired", _("expired")
-    REJECTED = "rejected", _("rejected")
-    SUPERSEDED = "superseded", _("superseded")
-    RETRIED = "retried", _("retried")
-
-
-#: State of a :class:`Demand` row (not of an entry) whose entry waits for its ``not_before``:
-#: such an entry is not in line and blocks nothing until it is due.
-DELAYED = "delayed"
-#: Choices of ``Demand.state``: an entry's state, or ``delayed``.
-DEMAND_STATES = [*EntryState.choices, (DELAYED, _("delayed (not yet due)"))]
-
-#: States whose entries hold slots (the claim).
-HELD_STATES = (EntryState.ADMITTED, EntryState.RUNNING)
-#: States of an entry that has not finished (an idempotency key is taken while in one).
-UNFINISHED_STATES = (EntryState.WAITING, EntryState.ADMITTED, EntryState.RUNNING)
-#: States an entry never leaves.
-TERMINAL_STATES = (
-    EntryState.SUCCEEDED,
-    EntryState.FAILED,
-    EntryState.CANCELLED,
-    EntryState.EXPIRED,
-    EntryState.REJECTED,
-    EntryState.SUPERSEDED,
-    EntryState.RETRIED,
+from pools.states import (
+    DELAYED,
+    DEMAND_STATES,
+    FAIR_STATES,
+    TERMINAL_STATES,
+    UNFINISHED_STATES,
+    ConcurrencyPolicy,
+    EntryState,
+    EventKind,
+    Origin,
 )
-
-
-class ConcurrencyPolicy(models.TextChoices):
-    """What a new entry does while another entry of its job waits or runs.
-
-    See docs/howto/job-policies.md.
-    """
-
-    ALLOW = "allow", _("allow")
-    FORBID = "forbid", _("forbid")
-    REPLACE = "replace", _("replace")
-    SKIP = "skip", _("skip")
-
-
-class Origin(models.TextChoices):
-    """Where a submission came from."""
-
-    CODE = "code", _("code")
-    BEAT = "beat", _("beat fire")
-    MANUAL = "manual", _("manual start")
-    API = "api", _("REST API")
-    UNGATED = "ungated", _("message without a claim")
 
 
 class Pool(models.Model):
@@ -362,12 +316,6 @@ class QueueEntry(models.Model):
         return self.state in TERMINAL_STATES
 
 
-#: Demand states that count as "served or in line" for a fairness key's rounds (the
-#: condition of the ``pools_demand_fair_key`` index): entries that ended without running
-#: do not push their key's next round back.
-FAIR_STATES = ("waiting", "admitted", "running", "succeeded", "failed", "retried")
-
-
 class Demand(models.Model):
     """One pool named by one entry, with its place in that pool's line.
 
@@ -436,26 +384,6 @@ class Demand(models.Model):
 
     def __str__(self) -> str:
         return f"{self.slots} of {self.pool_id} for entry {self.entry_id}"
-
-
-class EventKind(models.TextChoices):
-    """Kinds of lifecycle events in the append-only log."""
-
-    ENQUEUED = "enqueued", _("enqueued")
-    ADMITTED = "admitted", _("admitted")
-    STARTED = "started", _("started")
-    SETTLED = "settled", _("settled")
-    REQUEUED = "requeued", _("requeued")
-    EXPIRED = "expired", _("expired")
-    CANCELLED = "cancelled", _("cancelled")
-    REJECTED = "rejected", _("rejected")
-    DROPPED = "dropped", _("dropped")
-    SUPERSEDED = "superseded", _("superseded")
-    SKIPPED = "skipped", _("skipped delivery")
-    CAPACITY_CHANGED = "capacity", _("capacity changed")
-    POOL_CREATED = "pool_created", _("pool created")
-    POOL_DELETED = "pool_deleted", _("pool deleted")
-    TERMINATE = "terminate", _("termination requested")
 
 
 class RateMark(models.Model):

@@ -19,7 +19,8 @@ from django.utils.translation import gettext_lazy as _
 
 from pools import rates_text
 from pools.exceptions import PoolConfigurationError
-from pools.specs import positive_int, refuse_reserved, validate_pool_name
+from pools.pool_names import refuse_reserved, validate_pool_name
+from pools.specs import positive_int
 
 # --------------------------------------------------------------------------- choices
 

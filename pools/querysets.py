@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
-from django.db import models
+from django.db import connections, models, transaction
 
 if TYPE_CHECKING:
     pass
@@ -21,13 +22,9 @@ class QueueEntryQuerySet(models.QuerySet[Any]):
 
     def update(self, **kwargs: Any) -> int:
         """On MySQL/MariaDB, update by primary key after locking the rows by primary key
-        (:func:`pools.core.locking.update_by_primary_key`: avoids index-scan deadlocks)."""
-        from django.db import connections
-
+        (:func:`update_by_primary_key`: avoids index-scan deadlocks)."""
         if connections[self.db].vendor == "mysql":
-            from pools.core import locking
-
-            return locking.update_by_primary_key(self, **kwargs)
+            return update_by_primary_key(self, **kwargs)
         return super().update(**kwargs)
 
     def waiting(self) -> QueueEntryQuerySet:
@@ -131,3 +128,24 @@ def waiting_count_expr() -> Any:
         .values("n")
     )
     return Coalesce(Subquery(waiting, output_field=IntegerField()), 0)
+
+
+def update_by_primary_key(queryset: models.QuerySet[Any], **values: Any) -> int:
+    """``queryset.update(**values)`` that locks only the rows it changes (MySQL/MariaDB).
+
+    MariaDB's single-table ``UPDATE`` may read ``WHERE queue_id = 7 AND state = 'admitted'
+    AND token = 1`` through the ``(state, lease_expires_at)`` index instead of the primary
+    key. It then locks the index records of *other* entries in that state while it
+    scans, and two workers starting two different entries deadlock (error 1213, seen in
+    the contention proof). A ``SELECT ... FOR UPDATE`` with the same filter reads by
+    primary key (a constant lookup), and the ``UPDATE`` then names primary keys only.
+    One query more per update, on MySQL/MariaDB only (see ``QueueEntryQuerySet.update``).
+    """
+    db = connections[queryset.db]
+    guard = nullcontext() if db.in_atomic_block else transaction.atomic(using=queryset.db)
+    with guard:
+        pks = list(queryset.select_for_update().values_list("pk", flat=True))
+        if not pks:
+            return 0
+        rows = queryset.model._base_manager.using(queryset.db).filter(pk__in=pks)
+        return models.QuerySet.update(rows, **values)

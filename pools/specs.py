@@ -7,62 +7,21 @@ applied), by per-call overrides and by the enqueue service.
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
-import re
-import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
 from pools import rates_text
 from pools.exceptions import PoolConfigurationError
-
-#: A pool name: starts with a letter or digit; letters, digits, ``_ . : -``; at most 100.
-POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
-
-#: Prefixes of the pools the gates make by themselves (workflow caps): a run cap
-#: (``pools.limit_run``) is pool ``run-cap:<root id>``, a task cap (``max_running``) is
-#: pool ``task-cap:<task name>``. Admission checks them first, in this order.
-RUN_CAP_PREFIX = "run-cap:"
-TASK_CAP_PREFIX = "task-cap:"
-CAP_PREFIXES = (RUN_CAP_PREFIX, TASK_CAP_PREFIX)
-#: :func:`gate_rank` of a named pool (after every cap).
-NAMED_RANK = len(CAP_PREFIXES)
-
-
-def cap_pool_name(prefix: str, key: str) -> str:
-    """The pool of a run cap or a task cap: ``prefix`` + ``key``, made a valid pool name.
-
-    A key with characters a pool name does not allow, or too long, is shortened and made
-    unique with a hash of it.
-    """
-    name = prefix + key
-    if POOL_NAME_RE.match(name):
-        return name
-    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    safe = re.sub(r"[^A-Za-z0-9_.:\-]", "_", key)[: 100 - len(prefix) - 13]
-    return f"{prefix}{safe}-{digest}"
-
-
-def gate_rank(pool: str) -> int:
-    """Order of the gates over an entry's pools: run cap, task cap, then named pools."""
-    for rank, prefix in enumerate(CAP_PREFIXES):
-        if pool.startswith(prefix):
-            return rank
-    return NAMED_RANK
-
-
-def refuse_reserved(name: str, *, what: str = "Pool name") -> str:
-    """Refuse a user-chosen pool name that takes a workflow cap's prefix."""
-    for prefix in CAP_PREFIXES:
-        if name.startswith(prefix):
-            raise PoolConfigurationError(
-                f"{what} {name!r} starts with {prefix!r}, which is reserved for workflow caps "
-                f"(pools.limit_run, @pooled(max_running=...)); choose another name."
-            )
-    return name
-
+from pools.pool_names import (
+    TASK_CAP_PREFIX,
+    cap_pool_name,
+    format_pool_name,
+    is_pattern,
+    refuse_reserved,
+    validate_pool_name_or_pattern,
+)
 
 #: Keys accepted in the per-call ``pool_options`` of ``apply_async``.
 CALL_OPTIONS = frozenset(
@@ -77,7 +36,7 @@ CALL_OPTIONS = frozenset(
         "budget",
     }
 )
-#: Concurrency policies (``pools.models.ConcurrencyPolicy``; listed here, which imports no model).
+#: Concurrency policies (the values of ``pools.states.ConcurrencyPolicy``).
 POLICIES = ("allow", "forbid", "replace", "skip")
 #: Longest job key or idempotency key (the columns hold 255 characters with the task name).
 MAX_KEY_LENGTH = 200
@@ -121,16 +80,6 @@ def with_arguments_of(source: Callable[P, object]) -> Callable[[Callable[..., R]
 
 #: The kinds of run budget, in the order they are checked and shown.
 BUDGET_KINDS = ("seconds", "cost", "tokens")
-
-
-def validate_pool_name(name: object) -> str:
-    """Return ``name`` if it is a valid pool name, else raise ``PoolConfigurationError``."""
-    if not isinstance(name, str) or not POOL_NAME_RE.match(name):
-        raise PoolConfigurationError(
-            f"Invalid pool name {name!r}: use 1-100 characters, letters, digits and '_ . : -', "
-            f"starting with a letter or digit (e.g. 'warehouse' or 'partner-api')."
-        )
-    return name
 
 
 def validate_worker(value: object) -> str:
@@ -195,86 +144,6 @@ class Budget:
     def limits(self) -> dict[str, float | int]:
         """The limits that are set, by kind."""
         return {k: v for k in BUDGET_KINDS if (v := getattr(self, k)) is not None}
-
-
-def is_pattern(name: str) -> bool:
-    """True for a per-key pool name pattern such as ``"tenant:{tenant_id}"``."""
-    return "{" in name or "}" in name
-
-
-def pattern_fields(pattern: str) -> list[str]:
-    """The argument names a pattern is formatted from, in order; raises if it is malformed."""
-    try:
-        parsed = list(string.Formatter().parse(pattern))
-    except ValueError as exc:
-        raise PoolConfigurationError(
-            f"Invalid pool name pattern {pattern!r}: {exc}. Write it as 'tenant:{{tenant_id}}'."
-        ) from None
-    names = []
-    for _literal, name, spec, conversion in parsed:
-        if name is None:
-            continue
-        if not name.isidentifier() or spec or conversion:
-            raise PoolConfigurationError(
-                f"Invalid pool name pattern {pattern!r}: each {{...}} must be a plain argument "
-                f"name such as {{tenant_id}} (no index, attribute, conversion or format spec)."
-            )
-        names.append(name)
-    return names
-
-
-def validate_pool_pattern(pattern: object) -> str:
-    """Return ``pattern`` if it is a valid per-key pool name pattern, else raise."""
-    if not isinstance(pattern, str) or not is_pattern(pattern):
-        raise PoolConfigurationError(
-            f"Invalid pool name pattern {pattern!r}: it needs at least one {{argument}}, "
-            f"e.g. 'tenant:{{tenant_id}}'."
-        )
-    names = pattern_fields(pattern)
-    if not names:
-        raise PoolConfigurationError(
-            f"Invalid pool name pattern {pattern!r}: it needs at least one {{argument}}, "
-            f"e.g. 'tenant:{{tenant_id}}'."
-        )
-    sample = pattern.format(**{n: "x" for n in names})
-    if not POOL_NAME_RE.match(sample):
-        raise PoolConfigurationError(
-            f"Invalid pool name pattern {pattern!r}: once formatted it must be a valid pool "
-            f"name (letters, digits and '_ . : -', starting with a letter or digit)."
-        )
-    return pattern
-
-
-def validate_pool_name_or_pattern(name: object) -> str:
-    """A pool name, or a per-key pattern (``"tenant:{tenant_id}"``), checked."""
-    if isinstance(name, str) and is_pattern(name):
-        return validate_pool_pattern(name)
-    return validate_pool_name(name)
-
-
-def format_pool_name(pattern: str, values: Mapping[str, Any], *, task: str = "") -> str:
-    """The pool name ``pattern`` gives for a call's argument ``values``.
-
-    Raises :class:`~pools.exceptions.PoolKeyError` for a missing argument or a value that
-    does not make a valid pool name.
-    """
-    from pools.exceptions import PoolKeyError
-
-    what = f"task {task!r}" if task else "the task"
-    missing = [n for n in pattern_fields(pattern) if n not in values]
-    if missing:
-        raise PoolKeyError(
-            f"Pool {pattern!r} of {what} is named from argument(s) {', '.join(missing)}, "
-            f"which the call does not pass. Pass {missing[0]}=... (by name or position)."
-        )
-    name = pattern.format(**{n: values[n] for n in pattern_fields(pattern)})
-    if not POOL_NAME_RE.match(name):
-        raise PoolKeyError(
-            f"Pool {pattern!r} of {what} formats to {name!r}, which is not a valid pool name "
-            f"(1-100 letters, digits and '_ . : -', starting with a letter or digit). Pass "
-            f"another value or change the pattern."
-        )
-    return name
 
 
 def positive_int(value: object, *, what: str) -> int:

@@ -23,8 +23,9 @@ from pools import pool_fields
 from pools.core import admission, pool_crud
 from pools.core import capacity as pool_capacity
 from pools.exceptions import PoolError, PoolRefused, PoolUnavailable
-from pools.models import HELD_STATES, EntryState, Pool, PoolEvent, QueueEntry, WorkerNode
+from pools.models import Pool, PoolEvent, QueueEntry, WorkerNode
 from pools.querysets import held_slots_expr, waiting_count_expr
+from pools.states import HELD_STATES, EntryState
 from pools_admin import views, why
 from pools_admin.forms import PoolForm
 

@@ -6,12 +6,13 @@ from django.contrib import messages
 from django.db import DatabaseError
 
 from pools.exceptions import PoolError, PoolUnavailable
-from pools.models import HELD_STATES, EntryState, Origin, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import HELD_STATES, EntryState, Origin
 
 
 def _where(queue_id: int | None) -> str:
     """``admitted at once`` / ``waiting, position 3 in warehouse`` for a fresh entry."""
-    from pools.core import explain
+    from pools.core import line_places
 
     if queue_id is None:
         return "queued"
@@ -22,7 +23,7 @@ def _where(queue_id: int | None) -> str:
         return "admitted at once" if entry.state in HELD_STATES else str(entry.state)
     places = []
     for pool in Pool.objects.filter(name__in=list(entry.demand)).order_by("name"):
-        position = explain.positions(pool, [entry]).get(entry.queue_id)
+        position = line_places.positions(pool, [entry]).get(entry.queue_id)
         if position is not None:
             places.append(f"position {position} in {pool.name}")
         elif entry.not_before is not None:

@@ -18,7 +18,8 @@ from django.utils import timezone
 
 from pools.core import budgets
 from pools.core import explain as core
-from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import HELD_STATES, TERMINAL_STATES, EntryState
 from pools_admin import timeline, why
 
 #: Tasks listed per run (a larger run says how many were left out).

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from pools.core import explain as core
-from pools.models import Demand, EntryState, Pool, QueueEntry
+from pools.core import line_places
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import EntryState
 
 
 def explain_entries(
@@ -32,13 +34,13 @@ def explain_entries(
     names = sorted({name for e in waiting for name in e.demand if name in pools})
     pool_ids = [pools[n].pk for n in names]
     holders = core.held_rows(pool_ids)
-    holds = core.hold_times(pool_ids, now)
+    holds = line_places.hold_times(pool_ids, now)
     positions: dict[str, dict[int, int]] = {}
     heads: dict[str, Demand | None] = {}
     for name in names:
         pool = pools[name]
         members = [e for e in waiting if name in e.demand]
-        positions[name] = core.positions(pool, members)
+        positions[name] = line_places.positions(pool, members)
         heads[name] = Demand.objects.line(pool.pk).select_related("entry").first()
     for e in waiting:
         places = []

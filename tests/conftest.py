@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
-from pytest_django import Settings
+from pytest_django import DjangoDbBlocker, Settings
 
-from tests import pgbouncer
-from tests.bridge import RecordingBridge
+from tests.support import pgbouncer
+from tests.support.bridge import RecordingBridge
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -102,6 +102,19 @@ def _database_server() -> None:
         require_service("MariaDB/MySQL", str(db["HOST"]), int(str(db["PORT"])))
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: DjangoDbBlocker) -> None:
+    """pytest-django's test database, then, on PostgreSQL, the engine choice's one catalog
+    read of the process (``pools.core.engine.missing_functions``: are the stored functions
+    installed?). Read here, as a process that has served a call before has read it, so
+    that a test counting the queries of one call counts that call's alone."""
+    if db_vendor() == "postgresql":
+        from pools.core import engine
+
+        with django_db_blocker.unblock():
+            engine.missing_functions()
+
+
 @pytest.fixture(autouse=True)
 def _services(request: pytest.FixtureRequest) -> None:
     vendor = db_vendor()
@@ -119,10 +132,10 @@ def _services(request: pytest.FixtureRequest) -> None:
 @pytest.fixture
 def recorder(settings: Settings) -> Iterator[RecordingBridge]:
     """Route admissions to an in-memory recorder instead of Celery."""
-    from tests.bridge import recorder as rec
+    from tests.support.bridge import recorder as rec
 
     pools = dict(settings.POOLS)
-    pools["PUBLISHER"] = "tests.bridge.recorder"
+    pools["PUBLISHER"] = "tests.support.bridge.recorder"
     settings.POOLS = pools
     rec.reset()
     yield rec

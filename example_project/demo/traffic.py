@@ -114,7 +114,8 @@ class Trickle:
     @staticmethod
     def run_done(root_id: str) -> bool:
         """Every task of the run has finished: its summary ran, or a task of it failed."""
-        from pools.models import TERMINAL_STATES, QueueEntry
+        from pools.models import QueueEntry
+        from pools.states import TERMINAL_STATES
 
         rows = list(QueueEntry.objects.filter(root_id=root_id).values_list("task_name", "state"))
         if any(state not in TERMINAL_STATES for _, state in rows):

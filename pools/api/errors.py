@@ -25,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
-from pools.core.snapshots import InvalidCursor
+from pools.core.entry_pages import InvalidCursor
 from pools.exceptions import (
     EntryNotFound,
     JobNotFound,

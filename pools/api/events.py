@@ -26,8 +26,9 @@ from pools.api import serializers as s
 from pools.api.schema import OpenApiParameter, extend_schema
 from pools.api.views import COMMON, PoolsAPIView, _error, _perms
 from pools.core import reads
-from pools.core.snapshots import InvalidCursor
-from pools.models import EventKind, PoolEvent
+from pools.core.entry_pages import InvalidCursor
+from pools.models import PoolEvent
+from pools.states import EventKind
 
 #: Default and largest page size.
 PAGE_SIZE, MAX_PAGE = 50, 500

@@ -26,9 +26,10 @@ from pools.api import errors, permissions
 from pools.api import serializers as s
 from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, view_schema
 from pools.celery import jobs
-from pools.core import admission, capacity, explain, pool_crud, reads, snapshots
+from pools.core import admission, capacity, entry_pages, explain, pool_crud, reads, snapshots
 from pools.exceptions import EntryNotFound, PoolRefused, UnknownPool
-from pools.models import Origin, Pool
+from pools.models import Pool
+from pools.states import Origin
 
 #: Head entries per pool in ``GET pools/`` and ``GET pools/<name>/``.
 LIST_HEAD, DETAIL_HEAD = 5, 10
@@ -257,9 +258,9 @@ class PoolEntriesView(PoolsAPIView):
                 str,
                 description="Entry state: waiting (default, in line order), delayed, admitted, "
                 "running, or a terminal state.",
-                enum=list(snapshots.PAGE_STATES),
+                enum=list(entry_pages.PAGE_STATES),
             ),
-            OpenApiParameter("limit", int, description=f"Page size, 1-{snapshots.MAX_PAGE}."),
+            OpenApiParameter("limit", int, description=f"Page size, 1-{entry_pages.MAX_PAGE}."),
             OpenApiParameter("cursor", str, description="The next_cursor of the previous page."),
         ],
         responses={
@@ -280,10 +281,12 @@ class PoolEntriesView(PoolsAPIView):
             limit = int(request.query_params.get("limit", PAGE_SIZE))
         except ValueError as exc:
             raise ValidationError({"limit": ["limit must be an integer."]}) from exc
-        if not 1 <= limit <= snapshots.MAX_PAGE:
-            raise ValidationError({"limit": [f"limit must be between 1 and {snapshots.MAX_PAGE}."]})
+        if not 1 <= limit <= entry_pages.MAX_PAGE:
+            raise ValidationError(
+                {"limit": [f"limit must be between 1 and {entry_pages.MAX_PAGE}."]}
+            )
         with reads.bounded_read(f"read pool {name}"):
-            page = snapshots.entries_page(name, state=state, cursor=cursor, limit=limit)
+            page = entry_pages.entries_page(name, state=state, cursor=cursor, limit=limit)
         next_url = None
         if page.next_cursor:
             query = urlencode({"state": state, "limit": limit, "cursor": page.next_cursor})

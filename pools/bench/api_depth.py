@@ -7,7 +7,7 @@ Run against a scratch PostgreSQL database (the tables are created by ``migrate``
 
 Each pool has 2 slots, held by 2 admitted entries, one finished entry (history for the
 ETA) and ``--per-pool`` waiting entries: the first through ``enqueue``, the rest copies
-written in bulk (``INSERT ... SELECT``, :func:`pools.bench.backlog.copy_entries`). The
+written in bulk (``INSERT ... SELECT``, :func:`pools.bench.bulk_copy.copy_entries`). The
 tables are vacuumed and analyzed, then ``GET pools/`` is called ``--calls`` times through
 Django's test client as a user with ``pools.view_pool`` (session authentication, DRF
 rendering included): the median and spread of the wall time and the query count are
@@ -47,11 +47,12 @@ null_bridge = NullBridge()
 
 
 def _fill(pools: int, per_pool: int) -> None:
-    from pools.bench import backlog
+    from pools.bench import bulk_copy
     from pools.core import admission
     from pools.core.records import Submission
-    from pools.models import EntryState, Pool, QueueEntry
+    from pools.models import Pool, QueueEntry
     from pools.specs import PoolSpec
+    from pools.states import EntryState
 
     for i in range(pools):
         name = f"{PREFIX}{i:03}"
@@ -64,7 +65,7 @@ def _fill(pools: int, per_pool: int) -> None:
         admission.settle(first.queue_id, first.token, EntryState.SUCCEEDED)  # history, admits h2
         template = f"{name}-w0"
         admission.enqueue(Submission(key=template, task_name="bench.noop", spec=spec))
-        backlog.copy_entries(template, range(1, per_pool), lambda j: [j], lambda j: j % 5)
+        bulk_copy.copy_entries(template, range(1, per_pool), lambda j: [j], lambda j: j % 5)
 
 
 def _cleanup() -> None:
@@ -85,7 +86,7 @@ def measure(pools: int, per_pool: int, calls: int) -> dict[str, Any]:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext, override_settings
 
-    from pools.bench import backlog
+    from pools.bench import database
     from pools.models import Demand
 
     pools_settings = {**settings.POOLS, "PUBLISHER": "pools.bench.api_depth.null_bridge"}
@@ -94,7 +95,7 @@ def measure(pools: int, per_pool: int, calls: int) -> dict[str, Any]:
         began = time.perf_counter()
         _fill(pools, per_pool)
         fill_s = time.perf_counter() - began
-        backlog.settle_tables(checkpoint=True)
+        database.settle_tables(checkpoint=True)
         waiting = Demand.objects.waiting().filter(pool__name__startswith=PREFIX).count()
         user, _ = User.objects.get_or_create(username="apidepth-reader")
         user.user_permissions.add(Permission.objects.get(codename="view_pool"))

@@ -20,7 +20,7 @@ from django.db import connection
 from django.db.models import Sum
 
 from pools import conf
-from pools.bench import backlog, recipe, stats, tasks
+from pools.bench import backlog, errors, recipe, stats, tasks
 from pools.bench.context import Context
 from pools.bench.runs import Run, plain_run, pooled_run
 from pools.bench.workers import POOLED_QUEUE, RECIPE_QUEUE
@@ -156,7 +156,7 @@ def _wait_holding(ctx: Context, task_id: str, timeout: float) -> dict[str, Any]:
         if result.state == "HOLDING" and isinstance(result.info, dict):
             return result.info
         if time.monotonic() > deadline:
-            raise backlog.BenchError(f"kill test: holder {task_id} is {result.state}, not holding")
+            raise errors.BenchError(f"kill test: holder {task_id} is {result.state}, not holding")
         time.sleep(0.05)
 
 

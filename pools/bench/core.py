@@ -18,7 +18,7 @@ Printed as JSON, per ``N``: admissions/s (median of the repetitions, min and max
 time each locking call (enqueue, settle) took as seen by its caller, p50 / p99 — an upper
 bound of the time the pool's row lock was held per admission, which is at most that of
 one call — WAL bytes per task (of this database only when the ``pg_walinspect``
-extension is installed in it, see :func:`pools.bench.backlog.wal_bytes_since`) and CPU ms
+extension is installed in it, see :func:`pools.bench.database.wal_bytes_since`) and CPU ms
 per task of the client processes and of their PostgreSQL backends (``/proc``). The pool and its entries are deleted at the end.
 
 ``--strategy`` gives the pool a strategy (the timed tasks of a ``fair`` pool cycle over
@@ -158,11 +158,12 @@ def _ballast() -> None:
     """:data:`BALLAST` finished entries of :data:`BALLAST_POOL` (made once, kept)."""
     from django.db import connection
 
-    from pools.bench import backlog
+    from pools.bench import bulk_copy
     from pools.core import admission
     from pools.core.records import Submission
-    from pools.models import EntryState, Pool, QueueEntry
+    from pools.models import Pool, QueueEntry
     from pools.specs import PoolSpec
+    from pools.states import EntryState
 
     have = QueueEntry.objects.filter(demand__has_key=BALLAST_POOL).count()
     if have >= BALLAST:
@@ -170,7 +171,7 @@ def _ballast() -> None:
     pool, _ = Pool.objects.get_or_create(name=BALLAST_POOL, defaults={"slots": 1, "paused": True})
     first = Submission(key=str(uuid.uuid4()), task_name="w7.done", spec=PoolSpec.build(pool.name))
     admission.enqueue(first)
-    backlog.copy_entries(first.key, range(BALLAST - have - 1), lambda j: [])
+    bulk_copy.copy_entries(first.key, range(BALLAST - have - 1), lambda j: [])
     done = EntryState.SUCCEEDED.value
     with connection.cursor() as cursor:
         cursor.execute(
@@ -210,16 +211,17 @@ def _fill(depth: int, procs: int) -> None:
     """
     from django.db import connection
 
-    from pools.bench import backlog
+    from pools.bench import bulk_copy
     from pools.core import admission
     from pools.core.records import Submission
-    from pools.models import EntryState, Pool
+    from pools.models import Pool
     from pools.specs import PoolSpec
+    from pools.states import EntryState
 
     spec = PoolSpec.build(POOL, procs + 1)
     first = Submission(key=str(uuid.uuid4()), task_name="w7.filler", spec=spec)
     admission.enqueue(first)
-    backlog.copy_entries(first.key, range(depth - 1), lambda j: [])
+    bulk_copy.copy_entries(first.key, range(depth - 1), lambda j: [])
     pool = Pool.objects.get(name=POOL)
     key = "'bulk-' || (entry_id %% 100)" if pool.strategy == "fair" else "NULL"
     with connection.cursor() as cursor:
@@ -244,7 +246,8 @@ def run_once(
     """One repetition with ``procs`` processes and ``cycles`` tasks in all."""
     from django.db import connections
 
-    from pools.models import EntryState, Pool, QueueEntry
+    from pools.models import Pool, QueueEntry
+    from pools.states import EntryState
 
     _reset()
     Pool.objects.create(name=POOL, slots=procs + 1, strategy=strategy, paused=True)
@@ -263,9 +266,9 @@ def run_once(
     children = [ctx.Process(target=_worker, args=(each, own, barrier, out)) for _ in range(procs)]
     for child in children:
         child.start()
-    from pools.bench import backlog
+    from pools.bench import database
 
-    wal0 = backlog.wal_position()
+    wal0 = database.wal_position()
     connections.close_all()
     barrier.wait()
     t0 = time.perf_counter()
@@ -273,7 +276,7 @@ def run_once(
     elapsed = time.perf_counter() - t0
     for child in children:
         child.join()
-    wal = backlog.wal_bytes_since(wal0)
+    wal = database.wal_bytes_since(wal0)
     total = each * procs
     done = QueueEntry.objects.filter(demand__has_key=POOL, state=EntryState.SUCCEEDED).count()
     if done != total:

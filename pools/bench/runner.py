@@ -15,7 +15,7 @@ from celery.utils import uuid
 from django.db import connection
 
 from pools import conf
-from pools.bench import backlog, cpu, report
+from pools.bench import backlog, cpu, database, errors, report
 from pools.bench.context import Context, Options
 from pools.bench.workers import (
     FLOOR_QUEUE,
@@ -144,7 +144,7 @@ def _attempt(ctx: Context, name: str, redis_url: str | None) -> dict[str, Any]:
     """Run one workload; a failure is recorded (and the others still run)."""
     try:
         return _workload(ctx, name, redis_url)
-    except (backlog.BenchError, AssertionError, RuntimeError) as exc:
+    except (errors.BenchError, AssertionError, RuntimeError) as exc:
         print(f"{name} failed: {exc}", file=sys.stderr)
         return {"error": str(exc), "traceback": traceback.format_exc()}
 
@@ -241,7 +241,7 @@ def _require_result_backend(app: Any) -> None:
     from celery.backends.base import DisabledBackend
 
     if isinstance(app.backend, DisabledBackend):
-        raise backlog.BenchError(
+        raise errors.BenchError(
             "The benchmark reads the task bodies' timings from the result backend: set "
             "CELERY_RESULT_BACKEND (e.g. redis://...)."
         )
@@ -257,7 +257,7 @@ def _loadavg() -> list[float]:
 def _autovacuum() -> bool | None:
     if connection.vendor != "postgresql":
         return None
-    setting: str = backlog.scalar("SHOW autovacuum")
+    setting: str = database.scalar("SHOW autovacuum")
     return setting == "on"
 
 
@@ -267,7 +267,7 @@ def _meta(ctx: Context) -> dict[str, Any]:
 
     db = connection.settings_dict
     version = str(
-        backlog.scalar(
+        database.scalar(
             "SELECT sqlite_version()" if connection.vendor == "sqlite" else "SELECT version()"
         )
         or ""

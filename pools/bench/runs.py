@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Task
 
-from pools.bench import backlog, cpu, stats
+from pools.bench import backlog, cpu, database, stats
 from pools.bench.context import Context
 from pools.bench.workers import POOLED_QUEUE, Worker
 
@@ -67,7 +67,7 @@ def pooled_run(
     rest are bulk copies. The pools are paused again afterwards and the run returns once
     nothing holds a slot.
     """
-    backlog.settle_tables(checkpoint=False)
+    database.settle_tables(checkpoint=False)
     keys: dict[int, str] = {}
     rates = []
     sample = REAL_CALLS if real is None else real
@@ -84,7 +84,7 @@ def pooled_run(
         keys.update(zip(indexes, ids, strict=True))
         rates.append(rate)
     cpu_before = cpu.snapshot(ctx.fleet.main_pids())
-    wal_before = backlog.wal_position()
+    wal_before = database.wal_position()
     released_at = backlog.release(pools)
     try:
         spans = backlog.collect(
@@ -95,7 +95,7 @@ def pooled_run(
             check=ctx.fleet.check_alive,
         )
         cpu_ms = cpu.per_task_ms(cpu_before, cpu.snapshot(ctx.fleet.main_pids()), len(spans))
-        wal = backlog.wal_bytes_since(wal_before)
+        wal = database.wal_bytes_since(wal_before)
     finally:
         backlog.pause(pools)
     backlog.wait_idle(pools)

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import connection
 
-from pools.bench import backlog, stats, tasks
+from pools.bench import backlog, bulk_copy, database, stats, tasks
 from pools.bench.context import Context
 from pools.bench.runs import plain_run, pooled_run
 from pools.bench.workers import FLOOR_QUEUE, PLAIN_QUEUE
@@ -210,7 +210,7 @@ def w3_depth(ctx: Context) -> dict[str, Any]:
         before = _relation_bytes()
         if depth > have:
             ctx.track(
-                backlog.copy_entries(
+                bulk_copy.copy_entries(
                     template[0],
                     range(depth - have),
                     lambda j: FILLER_ARGS,
@@ -220,7 +220,7 @@ def w3_depth(ctx: Context) -> dict[str, Any]:
             )
         after = _relation_bytes()
         if depth > have:
-            backlog.settle_tables()
+            database.settle_tables()
         if before and after and depth - have >= 10000:
             added = depth - have
             growth = (sum(after.values()) - sum(before.values())) / added

@@ -22,7 +22,8 @@ from django.utils import timezone
 
 from pools import conf
 from pools.core import admission
-from pools.models import EntryState, Origin, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState, Origin
 
 logger = logging.getLogger("pools.celery.beat")
 

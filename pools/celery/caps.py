@@ -23,14 +23,8 @@ from celery.utils import uuid
 from pools.core import budgets, definitions
 from pools.exceptions import PoolConfigurationError
 from pools.models import Pool
-from pools.specs import (
-    RUN_CAP_PREFIX,
-    TASK_CAP_PREFIX,
-    Budget,
-    PoolSpec,
-    cap_pool_name,
-    positive_int,
-)
+from pools.pool_names import RUN_CAP_PREFIX, TASK_CAP_PREFIX, cap_pool_name
+from pools.specs import Budget, PoolSpec, positive_int
 
 #: ``template`` marker of run-cap and task-cap pools (shown in the admin; idle retirement).
 RUN_CAP_TEMPLATE = RUN_CAP_PREFIX + "{root_id}"

@@ -22,7 +22,8 @@ from pools.celery import refusals
 from pools.celery.messages import CALL_OPTION, ORIGIN_OPTION
 from pools.celery.task_specs import spec_for
 from pools.exceptions import JobNotFound, PoolConfigurationError, PoolError
-from pools.models import Origin, QueueEntry
+from pools.models import QueueEntry
+from pools.states import Origin
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,8 +31,8 @@ from pools.core import admission, budgets, leases, locking, nodes
 from pools.core.engine import engine
 from pools.core.leases import Claim
 from pools.exceptions import LeaseLost, PoolUnavailable
-from pools.models import Origin
 from pools.pg import fastpath
+from pools.states import Origin
 
 #: Longest a worker retries starting a claim while pool state is unavailable.
 START_RETRY_SECONDS = 10.0

@@ -18,8 +18,9 @@ from pools.core import eligibility, events, nodes, spendcap, strategies, windows
 from pools.core.ending import expire_entries
 from pools.core.held import change_held, held_by_pool
 from pools.core.records import Admission, Finished
-from pools.models import DELAYED, Demand, EntryState, EventKind, Pool, QueueEntry
-from pools.specs import NAMED_RANK, gate_rank
+from pools.models import Demand, Pool, QueueEntry
+from pools.pool_names import NAMED_RANK, gate_rank
+from pools.states import DELAYED, EntryState, EventKind
 
 #: At most this many line rows are read per pool per round of an admission pass.
 LINE_BATCH = 200

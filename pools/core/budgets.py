@@ -31,8 +31,9 @@ from pools.core.ending import finish_waiting
 from pools.core.pass_runs import admit_in, follow_up
 from pools.core.records import BUDGET, BudgetStop, Finished, Submission
 from pools.exceptions import BudgetExceeded, EntryNotFound, LeaseLost, PoolConfigurationError
-from pools.models import Charge, EntryState, QueueEntry, RunBudget
+from pools.models import Charge, QueueEntry, RunBudget
 from pools.specs import BUDGET_KINDS, Budget
+from pools.states import EntryState
 
 
 def run_id_of(sub: Submission) -> str:

@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from pools.core import admission, events
 from pools.exceptions import UnknownPool
-from pools.models import Demand, EventKind, Pool
+from pools.models import Demand, Pool
+from pools.states import EventKind
 
 
 def configured_slots(pool: Pool) -> int:

@@ -18,7 +18,7 @@ from pools.pool_fields import (
     PausedPolicy,
     Strategy,
 )
-from pools.specs import refuse_reserved, validate_pool_name, validate_pool_pattern
+from pools.pool_names import refuse_reserved, validate_pool_name, validate_pool_pattern
 
 
 @dataclass(frozen=True, kw_only=True)

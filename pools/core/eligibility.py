@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pools.core import nodes
-from pools.models import HELD_STATES, ConcurrencyPolicy, QueueEntry
+from pools.models import QueueEntry
+from pools.states import HELD_STATES, ConcurrencyPolicy
 
 #: ``blocked_by`` of a ``forbid`` head while another instance of its job holds slots.
 FORBID = "forbid"

@@ -8,7 +8,8 @@ from datetime import datetime
 
 from pools.core import events
 from pools.core.records import EXPIRES, QUEUE_TIMEOUT, Finished
-from pools.models import Demand, EntryState, EventKind, QueueEntry
+from pools.models import Demand, QueueEntry
+from pools.states import EntryState, EventKind
 
 
 def finish_waiting(

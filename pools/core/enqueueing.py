@@ -28,17 +28,8 @@ from pools.exceptions import (
     PoolPaused,
     UnknownPool,
 )
-from pools.models import (
-    DELAYED,
-    HELD_STATES,
-    Demand,
-    EntryState,
-    EventKind,
-    OverflowPolicy,
-    PausedPolicy,
-    Pool,
-    QueueEntry,
-)
+from pools.models import Demand, OverflowPolicy, PausedPolicy, Pool, QueueEntry
+from pools.states import DELAYED, HELD_STATES, EntryState, EventKind
 
 #: Named in the database's message when a second unfinished entry takes an idempotency key
 #: (the column on SQLite, the unique constraint on PostgreSQL and MariaDB).

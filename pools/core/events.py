@@ -22,7 +22,8 @@ from typing import Any
 from django.db import transaction
 
 from pools import signals
-from pools.models import EventKind, PoolEvent, QueueEntry
+from pools.models import PoolEvent, QueueEntry
+from pools.states import EventKind
 
 #: Transitions the entry row records itself (no event row); see the module docstring.
 NOT_LOGGED = frozenset(

@@ -24,7 +24,8 @@ from pools.core.pass_runs import admit
 from pools.core.records import Enqueued, Submission
 from pools.core.supersession import supersedes
 from pools.exceptions import PoolUnavailable, UnknownPool
-from pools.models import HELD_STATES, Demand, EventKind, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import HELD_STATES, EventKind
 
 logger = logging.getLogger("pools.core.admission")
 

@@ -15,7 +15,8 @@ from pools import conf
 from pools.core import events, locking
 from pools.core.engine import engine
 from pools.core.records import Claim
-from pools.models import EntryState, EventKind, PoolEvent, QueueEntry
+from pools.models import PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind
 
 
 def start(entry_id: int, token: int, *, worker: str) -> Claim | None:

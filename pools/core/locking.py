@@ -7,6 +7,10 @@ and each statement); database errors and passed bounds surface as
 :class:`~pools.exceptions.PoolUnavailable` with a one-line reason (the driver's full text
 is logged on ``pools.locking`` and kept as ``__cause__``).
 
+One lock is taken below this module: on MySQL/MariaDB an update of entry rows first locks
+them by primary key (:func:`pools.querysets.update_by_primary_key`, which every
+``QueueEntry.objects...update()`` goes through), so that storage never imports the core.
+
 How the bound is set, per database:
 
 * PostgreSQL: ``SET LOCAL lock_timeout`` and ``statement_timeout`` inside the transaction;
@@ -32,7 +36,7 @@ import logging
 import math
 import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import (
@@ -40,10 +44,8 @@ from django.db import (
     IntegrityError,
     ProgrammingError,
     connection,
-    connections,
     transaction,
 )
-from django.db.models import QuerySet
 
 from pools import conf
 from pools.exceptions import PoolUnavailable
@@ -392,27 +394,6 @@ def bounded(what: str) -> Iterator[None]:
     errors as in :func:`unavailable_on_error`."""
     with unavailable_on_error(what), bounded_transaction():
         yield
-
-
-def update_by_primary_key(queryset: QuerySet[Any], **values: Any) -> int:
-    """``queryset.update(**values)`` that locks only the rows it changes (MySQL/MariaDB).
-
-    MariaDB's single-table ``UPDATE`` may read ``WHERE queue_id = 7 AND state = 'admitted'
-    AND token = 1`` through the ``(state, lease_expires_at)`` index instead of the primary
-    key. It then locks the index records of *other* entries in that state while it
-    scans, and two workers starting two different entries deadlock (error 1213, seen in
-    the contention proof). A ``SELECT ... FOR UPDATE`` with the same filter reads by
-    primary key (a constant lookup), and the ``UPDATE`` then names primary keys only.
-    One query more per update, on MySQL/MariaDB only (see ``QueueEntryQuerySet.update``).
-    """
-    db = connections[queryset.db]
-    guard = nullcontext() if db.in_atomic_block else transaction.atomic(using=queryset.db)
-    with guard:
-        pks = list(queryset.select_for_update().values_list("pk", flat=True))
-        if not pks:
-            return 0
-        rows = queryset.model._base_manager.using(queryset.db).filter(pk__in=pks)
-        return QuerySet.update(rows, **values)
 
 
 @contextmanager

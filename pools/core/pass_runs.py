@@ -16,7 +16,8 @@ from pools.core import dispatch, spendcap
 from pools.core.admission_pass import PassResult, admit_locked
 from pools.core.locking import locked_pools
 from pools.core.records import Admission, Finished
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 
 logger = logging.getLogger("pools.core.admission")
 

@@ -20,7 +20,8 @@ from pools.exceptions import (
     PoolInUse,
     UnknownPool,
 )
-from pools.models import DELAYED, HELD_STATES, EntryState, Pool
+from pools.models import Pool
+from pools.states import DELAYED, HELD_STATES, EntryState
 
 #: Per-key pools retired per sweep (the next sweep takes the rest).
 RETIRE_BATCH = 100

@@ -22,8 +22,9 @@ from pools.exceptions import (
     PoolInUse,
     UnknownPool,
 )
-from pools.models import TERMINAL_STATES, Demand, EventKind, Pool
+from pools.models import Demand, Pool
 from pools.pool_fields import OverflowPolicy, PausedPolicy, Strategy
+from pools.states import TERMINAL_STATES, EventKind
 
 
 def create_pool(

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pools.models import EntryState, Origin
 from pools.specs import PoolSpec
+from pools.states import EntryState, Origin
 
 #: ``reason`` of an entry whose Celery ``expires`` passed while it waited.
 EXPIRES = "expired"

@@ -17,7 +17,8 @@ from pools import conf, pool_fields
 from pools.core import admission, events, locking, strategies, windows
 from pools.core.capacity import change_slots, configured_slots, log_pause
 from pools.core.declarations import declared
-from pools.models import TERMINAL_STATES, Demand, EventKind, Pool
+from pools.models import Demand, Pool
+from pools.states import TERMINAL_STATES, EventKind
 
 #: The fields settings set besides ``slots`` (a capacity change drains: ``change_slots``).
 _SYNCED = tuple(name for name in pool_fields.names(pool_fields.SETTINGS) if name != "slots")

@@ -24,14 +24,8 @@ from pools.core.pass_runs import admit_in, admit_later, end_waiting, follow_up, 
 from pools.core.records import BUDGET, Admission
 from pools.core.supersession import supersede_retries
 from pools.exceptions import EntryNotFound, NotCancellable
-from pools.models import (
-    HELD_STATES,
-    ConcurrencyPolicy,
-    Demand,
-    EntryState,
-    EventKind,
-    QueueEntry,
-)
+from pools.models import Demand, QueueEntry
+from pools.states import HELD_STATES, ConcurrencyPolicy, EntryState, EventKind
 
 logger = logging.getLogger("pools.core.admission")
 

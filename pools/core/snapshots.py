@@ -5,39 +5,36 @@ Every function reads with a fixed number of queries, whatever the depth of the l
 
 - :func:`snapshot_all`: 5 queries for any number of pools (+1 when a head entry names a
   pool outside the set); :func:`snapshot`: the same for one pool;
-- :func:`entries_page`: at most 7 queries per page.
+- :func:`pools.core.entry_pages.entries_page` (built from the helpers here): at most 7
+  queries per page.
 
 The heads of the lines are read with one correlated subquery per head place, each a short
 range of the ``pools_demand_line`` index; counts per state are one grouped count over the
 pools' unfinished demand rows; ``recent`` terminal entries and the hold times of the ETA
-come from one query over what finished within :data:`pools.core.explain.HOLD_WINDOW`.
+come from one query over what finished within :data:`pools.core.line_places.HOLD_WINDOW`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Case, CharField, Count, F, OuterRef, Q, QuerySet, Subquery, When
+from django.db.models import Case, CharField, Count, F, OuterRef, QuerySet, Subquery, When
 from django.utils import timezone
 
-from pools.core import explain, rates, spendcap
+from pools.core import explain, line_places, rates, spendcap
 from pools.core.explain import PoolView
 from pools.exceptions import UnknownPool
-from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
 from pools.querysets import LINE_ORDER, held_slots_expr
+from pools.states import HELD_STATES, TERMINAL_STATES, EntryState
 
 #: Demand states of unfinished entries, counted per pool (``delayed``: not due yet).
 ACTIVE_STATES = ("waiting", "delayed", "admitted", "running")
 #: States always present in ``counts`` (0 when none).
 COUNTED_STATES = ("waiting", "admitted", "running")
-#: Largest page of :func:`entries_page`.
-MAX_PAGE = 500
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +160,7 @@ def item(d: Demand, position: int | None = None, **extra: Any) -> LineItem:
 _HEAVY = ("entry__args", "entry__kwargs", "entry__options")
 
 
-def _rows(qs: QuerySet[Any]) -> QuerySet[Any]:
+def view_rows(qs: QuerySet[Any]) -> QuerySet[Any]:
     return qs.select_related("entry").defer(*_HEAVY)
 
 
@@ -212,12 +209,12 @@ def _history(
     pool_ids: Sequence[int], now: datetime, recent: int
 ) -> tuple[dict[int, list[LineItem]], dict[int, list[timedelta]]]:
     """Recent terminal items and hold times per pool, from one query."""
-    per_pool = max(recent, explain.HOLD_SAMPLE)
-    rows = _rows(
+    per_pool = max(recent, line_places.HOLD_SAMPLE)
+    rows = view_rows(
         Demand.objects.filter(
             pool_id__in=list(pool_ids),
             state__in=TERMINAL_STATES,
-            entry__finished_at__gte=now - explain.HOLD_WINDOW,
+            entry__finished_at__gte=now - line_places.HOLD_WINDOW,
         )
     ).order_by("-entry__finished_at", "-entry_id")[: per_pool * len(pool_ids)]
     items: dict[int, list[LineItem]] = {pid: [] for pid in pool_ids}
@@ -227,14 +224,14 @@ def _history(
             items[d.pool_id].append(item(d))
         e = d.entry
         sample = holds[d.pool_id]
-        if e.admitted_at and e.finished_at and len(sample) < explain.HOLD_SAMPLE:
+        if e.admitted_at and e.finished_at and len(sample) < line_places.HOLD_SAMPLE:
             if e.finished_at >= e.admitted_at:
                 sample.append(e.finished_at - e.admitted_at)
     return items, holds
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Gate:
+class Gate:
     """What decides whether a multi-pool entry is admissible in one other pool."""
 
     name: str
@@ -243,7 +240,7 @@ class _Gate:
     first: int | None  # entry id of the line's head
 
 
-def _other_gates(names: Iterable[str], known: dict[str, _Gate]) -> dict[str, _Gate]:
+def other_gates(names: Iterable[str], known: dict[str, Gate]) -> dict[str, Gate]:
     """Gates of the pools in ``names`` not in ``known`` (one query when any is missing)."""
     missing = sorted(set(names) - set(known))
     if not missing:
@@ -257,16 +254,16 @@ def _other_gates(names: Iterable[str], known: dict[str, _Gate]) -> dict[str, _Ga
     for p in Pool.objects.filter(name__in=missing).annotate(
         _held=held_slots_expr(), _first=Subquery(first)
     ):
-        out[p.name] = _Gate(
+        out[p.name] = Gate(
             name=p.name,
             paused=p.paused,
-            free=max(explain.capacity(p) - p._held, 0),
+            free=max(line_places.capacity(p) - p._held, 0),
             first=p._first,
         )
     return out
 
 
-def _blocked_elsewhere(e: QueueEntry, here: str, gates: dict[str, _Gate]) -> tuple[str, str] | None:
+def _blocked_elsewhere(e: QueueEntry, here: str, gates: dict[str, Gate]) -> tuple[str, str] | None:
     """The first other pool (by name) where ``e`` is not admissible, and why."""
     for name, slots in sorted(e.demand.items()):
         if name == here or name not in gates:
@@ -281,11 +278,11 @@ def _blocked_elsewhere(e: QueueEntry, here: str, gates: dict[str, _Gate]) -> tup
     return None
 
 
-def _explained(
+def explained_items(
     view: PoolView,
     rows: Sequence[tuple[Demand, int]],
     first: Demand | None,
-    gates: dict[str, _Gate],
+    gates: dict[str, Gate],
     now: datetime,
 ) -> list[LineItem]:
     """Line items of waiting rows (with their positions) and why each one waits."""
@@ -320,10 +317,10 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
     head_ids = {
         getattr(p, name): p.pk for p in pools for name in _head_names(head) if getattr(p, name)
     }
-    head_rows = {d.pk: d for d in _rows(Demand.objects.filter(pk__in=list(head_ids)))}
+    head_rows = {d.pk: d for d in view_rows(Demand.objects.filter(pk__in=list(head_ids)))}
     views = {p.pk: PoolView(pool=p, holders=holders[p.pk], holds=holds[p.pk]) for p in pools}
     gates = {
-        p.name: _Gate(
+        p.name: Gate(
             name=p.name,
             paused=p.paused,
             free=views[p.pk].free,
@@ -338,7 +335,7 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
     }
     multi = {name for rows in lines.values() for d in rows for name in d.entry.demand}
     if any(len(d.entry.demand) > 1 for rows in lines.values() for d in rows):
-        gates = _other_gates(multi, gates)
+        gates = other_gates(multi, gates)
     out = []
     for p in pools:
         view = views[p.pk]
@@ -346,8 +343,8 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
         out.append(
             PoolSnapshot(
                 name=p.name,
-                slots=explain.configured(p),
-                capacity=explain.capacity(p),
+                slots=line_places.configured(p),
+                capacity=line_places.capacity(p),
                 draining=p.pending_slots is not None,
                 overflow=p.overflow,
                 paused_policy=p.paused_policy,
@@ -365,7 +362,7 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
                 description=p.description,
                 defined_in_settings=p.defined_in_settings,
                 holders=[item(d) for d in view.holders],
-                head=_explained(
+                head=explained_items(
                     view,
                     [(d, i + 1) for i, d in enumerate(line)],
                     line[0] if line else None,
@@ -373,7 +370,7 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
                     now,
                 ),
                 recent=recent_items[p.pk],
-                mean_hold=explain.mean_hold(holds[p.pk]),
+                mean_hold=line_places.mean_hold(holds[p.pk]),
             )
         )
     return out
@@ -394,112 +391,3 @@ def snapshot_all(*, head: int = 5, recent: int = 5) -> list[PoolSnapshot]:
     """Snapshots of every pool, by name; 5 queries whatever the number of pools and entries."""
     pools = list(_with_heads(Pool.objects.order_by("name"), head))
     return _build_many(pools, head, recent, timezone.now())
-
-
-# --------------------------------------------------------------------------- paging
-
-
-class InvalidCursor(ValueError):
-    """A paging cursor that was not produced by :func:`entries_page` for this line."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Page:
-    """One page of a pool's entries in one state."""
-
-    items: list[LineItem]
-    #: Opaque cursor of the next page; ``None`` on the last page.
-    next_cursor: str | None
-
-
-#: Demand states a page can list (``delayed``: not due yet, when the engine has it).
-PAGE_STATES = (*(s.value for s in EntryState), "delayed")
-
-
-def _encode(values: list[Any]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(values).encode()).decode().rstrip("=")
-
-
-def _decode(cursor: str, state: str) -> list[Any]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        values = json.loads(raw)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidCursor(f"Invalid cursor {cursor!r}: use the next cursor of a page.") from exc
-    if not isinstance(values, list) or not values or values[0] != state:
-        raise InvalidCursor(f"Cursor {cursor!r} is not for state {state!r}.")
-    return values[1:]
-
-
-def entries_page(
-    name: str, *, state: str = "waiting", cursor: str | None = None, limit: int = 50
-) -> Page:
-    """One page of pool ``name``'s entries in ``state``; at most 7 queries.
-
-    Waiting entries come in line order with their positions and why each waits; other
-    states in queue-id order. Pass ``next_cursor`` back as ``cursor`` for the next page.
-    Raises :class:`UnknownPool`, or :class:`InvalidCursor` (also for an unknown state).
-    """
-    if state not in PAGE_STATES:
-        raise InvalidCursor(f"Unknown state {state!r}; use one of {', '.join(PAGE_STATES)}.")
-    limit = max(1, min(int(limit), MAX_PAGE))
-    pool = Pool.objects.filter(name=name).first()
-    if pool is None:
-        raise UnknownPool(name)
-    after = _decode(cursor, state) if cursor else None
-    now = timezone.now()
-    if state in HELD_STATES:  # held rows stay "admitted" while running: ask the entry
-        base = Demand.objects.filter(pool_id=pool.pk, state__in=HELD_STATES, entry__state=state)
-    else:
-        base = Demand.objects.filter(pool_id=pool.pk, state=state)
-    if state == EntryState.WAITING:
-        qs = base.order_by(*LINE_ORDER)
-        if after:
-            try:
-                p, t, i = int(after[0]), datetime.fromisoformat(after[1]), int(after[2])
-            except (ValueError, TypeError, IndexError) as exc:
-                raise InvalidCursor(f"Invalid cursor {cursor!r}.") from exc
-            qs = qs.filter(
-                Q(line_round__gt=p)
-                | Q(line_round=p, line_at__gt=t)
-                | Q(line_round=p, line_at=t, entry_id__gt=i)
-            )
-        rows = list(_rows(qs)[: limit + 1])
-        more = len(rows) > limit
-        rows = rows[:limit]
-        first = rows[0] if rows and not after else _rows(Demand.objects.line(pool.pk)).first()
-        start = explain.position_of(rows[0]) if rows and after else 1
-        view = PoolView(
-            pool=pool,
-            holders=explain.held_rows([pool.pk])[pool.pk],
-            holds=explain.hold_times([pool.pk], now).get(pool.pk, ()),
-        )
-        gates = {
-            pool.name: _Gate(
-                name=pool.name,
-                paused=pool.paused,
-                free=view.free,
-                first=first.entry_id if first else None,
-            )
-        }
-        if any(len(d.entry.demand) > 1 for d in rows):
-            gates = _other_gates({n for d in rows for n in d.entry.demand}, gates)
-        items = _explained(view, [(d, start + i) for i, d in enumerate(rows)], first, gates, now)
-        last = rows[-1] if rows else None
-        next_cursor = (
-            _encode([state, last.line_round, last.line_at.isoformat(), last.entry_id])
-            if more and last
-            else None
-        )
-        return Page(items=items, next_cursor=next_cursor)
-    qs = base.order_by("entry_id")
-    if after:
-        try:
-            qs = qs.filter(entry_id__gt=int(after[0]))
-        except (ValueError, TypeError) as exc:
-            raise InvalidCursor(f"Invalid cursor {cursor!r}.") from exc
-    rows = list(_rows(qs)[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    next_cursor = _encode([state, rows[-1].entry_id]) if more and rows else None
-    return Page(items=[item(d) for d in rows], next_cursor=next_cursor)

@@ -37,7 +37,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from pools.models import DELAYED, FAIR_STATES, Demand, EntryState, Pool, QueueEntry, Strategy
+from pools.models import Demand, Pool, QueueEntry, Strategy
+from pools.states import DELAYED, FAIR_STATES, EntryState
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)

@@ -15,7 +15,8 @@ from pools.core.ending import finish_waiting
 from pools.core.locking import unavailable_on_error
 from pools.core.pass_runs import end_waiting
 from pools.core.records import Finished, Submission
-from pools.models import ConcurrencyPolicy, EntryState, Origin, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import ConcurrencyPolicy, EntryState, Origin
 
 #: Entries of one job ended per call of :func:`end_waiting_of_job` (the next call takes the rest).
 JOB_BATCH = 500

@@ -17,7 +17,8 @@ from django.utils import timezone
 from pools import conf
 from pools.core import admission, dispatch, per_key, settings_sync
 from pools.core.locking import locked_pools
-from pools.models import TERMINAL_STATES, Demand, Pool, PoolEvent, QueueEntry, RunBudget
+from pools.models import Demand, Pool, PoolEvent, QueueEntry, RunBudget
+from pools.states import TERMINAL_STATES
 
 logger = logging.getLogger("pools.core.sweeps")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db import connection
 from django.utils import timezone
 
 from pools import conf
@@ -54,6 +55,22 @@ def handed_to_orm(
     if refused is not None and refused.reason == "policy":
         return Handoff(call=True)
     return Handoff(pools=frozenset(reply.fallbacks))
+
+
+def missing_functions() -> list[str]:
+    """The stored functions this code calls (``functions.VERSION``) that the default
+    database lacks, in the order of ``functions.BASES``: all of them on a database that
+    ``manage.py migrate pools`` has not brought to this release yet. One catalog query;
+    database errors propagate."""
+    wanted = [functions.name(base) for base in functions.BASES]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT proname FROM pg_catalog.pg_proc "
+            "WHERE proname = ANY(%s) AND pg_catalog.pg_function_is_visible(oid)",
+            [wanted],
+        )
+        found = {row[0] for row in cursor.fetchall()}
+    return [name for name in wanted if name not in found]
 
 
 class PostgresEngine(OrmEngine):

@@ -15,7 +15,7 @@ from pools.models import QueueEntry
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import wait_for
-from tests.factories import make_pool, submit
+from tests.support.factories import make_pool, submit
 from tests.testapp.tasks import add
 
 pytestmark = WORKER_TEST_MARKS

@@ -8,7 +8,8 @@ import pytest
 from celery import chain, chord, group
 from celery.result import AsyncResult, GroupResult, ResultBase
 
-from pools.models import EntryState, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, Worker, wait_for
 from tests.testapp.tasks import add, tsum
 

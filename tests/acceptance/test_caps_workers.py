@@ -9,7 +9,8 @@ import pytest
 from celery import group
 
 import pools
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import max_overlap, wait_for
 from tests.testapp import tasks

@@ -8,7 +8,8 @@ import pytest
 from pytest_django import Settings
 
 from pools.core import settings_sync
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
 from tests.acceptance.faults_support import max_overlap
 from tests.testapp.tasks import free_span

@@ -30,7 +30,8 @@ from celery.result import AsyncResult
 
 from pools.celery import sending
 from pools.core import sweeps
-from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from pools.models import Pool, PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import (

@@ -28,7 +28,8 @@ import pytest
 from celery.result import AsyncResult
 
 from pools.exceptions import PoolUnavailable
-from pools.models import Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import EntryState
 from tests.acceptance.conftest import ROOT, WORKER_TEST_MARKS, StartWorkers, _worker_env, wait_for
 from tests.testapp.tasks import ACCEPT_POOL, span
 

@@ -19,7 +19,8 @@ import pytest
 from celery.exceptions import MaxRetriesExceededError
 
 from pools.core import events
-from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, Pool, PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import (

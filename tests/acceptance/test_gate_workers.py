@@ -10,7 +10,8 @@ from celery.result import AsyncResult
 
 from pools import snapshot
 from pools.core import capacity
-from pools.models import EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from pools.models import Pool, PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import max_overlap
 from tests.testapp.tasks import ACCEPT_POOL, free_span, span

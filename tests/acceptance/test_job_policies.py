@@ -14,11 +14,12 @@ import pytest
 from celery.exceptions import TaskRevokedError
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.acceptance.faults_support import wait_for
-from tests.factories import make_pool
+from tests.support.factories import make_pool
 from tests.testapp.tasks import flaky_order, retrying_job, skip_job
 
 pytestmark = WORKER_TEST_MARKS

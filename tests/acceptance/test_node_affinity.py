@@ -9,7 +9,8 @@ import pytest
 
 from pools.celery import processes
 from pools.core import explain
-from pools.models import EntryState, QueueEntry, WorkerNode
+from pools.models import QueueEntry, WorkerNode
+from pools.states import EntryState
 from tests.acceptance.conftest import (
     ROOT,
     START_TIMEOUT,
@@ -19,7 +20,7 @@ from tests.acceptance.conftest import (
     _worker_env,
 )
 from tests.acceptance.faults_support import wait_for
-from tests.factories import make_pool
+from tests.support.factories import make_pool
 from tests.testapp.tasks import record
 
 pytestmark = WORKER_TEST_MARKS

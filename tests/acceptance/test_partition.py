@@ -29,7 +29,8 @@ from django.conf import settings as django_settings
 from django.db import connection
 from pytest_django import Settings
 
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import EntryState
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, Worker
 from tests.acceptance.faults_support import Beat, max_overlap, read_notes, wait_for

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from pools.models import Pool
-from tests import pgbouncer
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
+from tests.support import pgbouncer
 from tests.testapp.tasks import ACCEPT_POOL, span
 
 pytestmark = [*WORKER_TEST_MARKS, pytest.mark.postgres, pytest.mark.pgbouncer]

@@ -197,7 +197,8 @@ def test_two_rates__5_per_second_until_30_in_the_minute_then_held_with_a_wake_up
     """
     from pools import cancel
     from pools.core import explain
-    from pools.models import EntryState, Pool, QueueEntry
+    from pools.models import Pool, QueueEntry
+    from pools.states import EntryState
 
     celery_workers(count=2, concurrency=4)
     _rate_pool(rate_tasks.TWO_RATES_POOL, rate=["5/s", "30/m"])
@@ -268,7 +269,7 @@ def test_task_rate__pooled_rate_20_per_second_across_both_workers(
 ) -> None:
     """``@pooled(rate="20/s")`` and no named pool: the task's own rated pool, global where
     Celery's ``rate_limit="20/s"`` would allow 20/s per worker (40/s on these two)."""
-    from pools.specs import TASK_CAP_PREFIX, cap_pool_name
+    from pools.pool_names import TASK_CAP_PREFIX, cap_pool_name
 
     celery_workers(count=2, concurrency=4)
     # The task's pool is made at the first submit: the line fills faster than 20/s.

@@ -20,7 +20,8 @@ from django.utils import timezone
 
 import pools
 from pools import QueueTimeout, testing
-from pools.models import Demand, EntryState, Pool, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
+from pools.states import EntryState
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import read_notes, wait_for, wait_notes

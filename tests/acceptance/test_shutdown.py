@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pools.models import Demand, EntryState, EventKind, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, Pool, PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import read_notes, shared_dir, wait_for
 from tests.testapp.fault_tasks import KILL_POOL, kill_span

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pools
-from pools.models import EntryState, QueueEntry, WorkerNode
+from pools.models import QueueEntry, WorkerNode
+from pools.states import EntryState
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import wait_for

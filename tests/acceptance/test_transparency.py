@@ -14,7 +14,8 @@ import pytest
 from celery.exceptions import TaskRevokedError
 from celery.result import AsyncResult
 
-from pools.models import EntryState, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, Worker, wait_for
 from tests.testapp.tasks import echo_request, reject_once, spawn_children, stamp_time
 

@@ -34,10 +34,11 @@ from celery import chord
 from celery.result import AsyncResult
 from pytest_django import Settings
 
-from pools.models import UNFINISHED_STATES, EntryState, Pool, QueueEntry
+from pools.models import Pool, QueueEntry
+from pools.states import UNFINISHED_STATES, EntryState
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
 from tests.celery_app import app
-from tests.factories import make_pool
+from tests.support.factories import make_pool
 from tests.testapp import typed_tasks as t
 
 pytestmark = WORKER_TEST_MARKS

@@ -16,10 +16,11 @@ from celery.utils import uuid
 from pools.celery import originals
 from pools.celery.messages import CLAIM_HEADER
 from pools.core import events as pool_events
-from pools.models import EntryState, EventKind, Origin, PoolEvent, QueueEntry
+from pools.models import PoolEvent, QueueEntry
+from pools.states import EntryState, EventKind, Origin
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
-from tests.bridge import RecordingBridge
 from tests.celery_app import app
+from tests.support.bridge import RecordingBridge
 from tests.testapp.tasks import noted
 
 pytestmark = WORKER_TEST_MARKS

@@ -14,10 +14,11 @@ import pytest
 from django.contrib.auth.models import User
 
 from pools.core import admission, leases
-from pools.models import EntryState, QueueEntry
-from tests.bridge import RecordingBridge
+from pools.models import QueueEntry
+from pools.states import EntryState
 from tests.browser.conftest import login, screenshot
-from tests.factories import make_pool, submit
+from tests.support.bridge import RecordingBridge
+from tests.support.factories import make_pool, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,8 @@ from typing import Any
 from celery import chain, chord
 from django.contrib.auth.models import User
 
-from pools.models import EntryState, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState
 from tests.acceptance.conftest import WORKER_TEST_MARKS, wait_for
 from tests.browser.conftest import login, screenshot
 from tests.browser.tasks import collect, slow_add

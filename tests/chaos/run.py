@@ -491,7 +491,8 @@ def inject(run: Run, fault: Fault, resume_at: list[tuple[float, int]]) -> None:
 
         import pools
         from pools.exceptions import PoolError
-        from pools.models import EntryState, QueueEntry
+        from pools.models import QueueEntry
+        from pools.states import EntryState
 
         def waiting_keys() -> list[str]:
             query = QueueEntry.objects.filter(state=EntryState.WAITING)
@@ -521,7 +522,8 @@ def drain(run: Run, timeout: float) -> dict[str, int]:
     from django.db import connection
     from django.db.models import Count
 
-    from pools.models import TERMINAL_STATES, QueueEntry
+    from pools.models import QueueEntry
+    from pools.states import TERMINAL_STATES
 
     def left() -> dict[str, int]:
         try:
@@ -569,7 +571,8 @@ def classify_left() -> Left:
     """Sort the unfinished entries into still waiting, still held, and lost."""
     from django.db.models.functions import Now
 
-    from pools.models import HELD_STATES, TERMINAL_STATES, EntryState, QueueEntry
+    from pools.models import QueueEntry
+    from pools.states import HELD_STATES, TERMINAL_STATES, EntryState
 
     out = Left()
     rows = (

@@ -8,7 +8,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 
 from pools.api import errors
-from pools.core.snapshots import InvalidCursor
+from pools.core.entry_pages import InvalidCursor
 from pools.exceptions import (
     DemandExceedsCapacity,
     EntryNotFound,

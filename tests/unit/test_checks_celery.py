@@ -123,9 +123,9 @@ def test_w003__silent_on_the_postgresql_fast_path(
     from pools.pg.engine import POSTGRESQL
 
     make_app({})
-    monkeypatch.setattr(engine_module, "engine", lambda: POSTGRESQL)
+    monkeypatch.setattr(engine_module, "configured", lambda: POSTGRESQL)
     assert _ids() == []
-    monkeypatch.setattr(engine_module, "engine", lambda: ORM)
+    monkeypatch.setattr(engine_module, "configured", lambda: ORM)
     assert _ids() == ["pools.W003"]
 
 

@@ -60,7 +60,7 @@ def test_engine__sqlite_gets_the_orm_engine_whatever_the_setting():
 
 def test_engine__chosen_once_per_connection_and_again_after_a_settings_change(monkeypatch):
     engine_module.engine()  # chosen and kept
-    monkeypatch.setattr(engine_module, "choose", lambda: POSTGRESQL)
+    monkeypatch.setattr(engine_module, "choose", lambda: (POSTGRESQL, True))
     assert engine_module.engine() is ORM  # kept: not chosen again per call
     with override_settings(POOLS={"SQL_FAST_PATH": True}):
         assert engine_module.engine() is POSTGRESQL  # settings reloaded: chosen again

@@ -15,9 +15,7 @@ from tests.support import imports
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The cycles outside the benchmark still to break, each as the set of its modules.
-KNOWN = [
-    {"pools.core.locking", "pools.models", "pools.querysets"},
-]
+KNOWN: list[set[str]] = []
 
 
 def graph() -> set[imports.Edge]:

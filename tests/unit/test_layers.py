@@ -18,7 +18,14 @@ IMPORTED = {**imports.imported(ROOT, "pools"), **imports.imported(ROOT, "pools_a
 #: The engine and what it stands on: no Celery, no kombu, no DRF, no surface above it.
 CORE = ("pools.core", "pools.pg", "pools.models", "pools.querysets", "pools.conf")
 #: Pure value code: no database, no Django models, nothing of the engine.
-PURE = ("pools.specs", "pools.pool_fields", "pools.rates_text", "pools.exceptions")
+PURE = (
+    "pools.specs",
+    "pools.pool_names",
+    "pools.states",
+    "pools.pool_fields",
+    "pools.rates_text",
+    "pools.exceptions",
+)
 ABOVE_CORE = ("celery", "kombu", "rest_framework", "pools.celery", "pools.api", "pools_admin")
 
 

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.mysql
 
-PROBE = "tests/integration/test_checks_mysql.py::test_checks__the_test_settings_pass"
+PROBE = "tests/integration/checks/test_checks_mysql.py::test_checks__the_test_settings_pass"
 
 
 def _free_port() -> int:

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from pools.exceptions import PoolConfigurationError, PoolKeyError
-from pools.specs import PoolSpec, validate_pool_name
+from pools.pool_names import validate_pool_name
+from pools.specs import PoolSpec
 
 
 @pytest.mark.parametrize("name", ["warehouse", "partner-api", "tenant:42", "a.b_c", "9lives"])

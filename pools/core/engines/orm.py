@@ -3,7 +3,7 @@
 Row locks are taken through :mod:`pools.core.locking` (pool rows ``FOR UPDATE`` in name
 order, then entry and demand rows of those pools), so no transaction can deadlock another.
 On SQLite ``select_for_update`` is a no-op and the database must run ``IMMEDIATE``
-transactions, which serialize writers. ``tests/integration/test_differential.py`` holds
+transactions, which serialize writers. ``tests/integration/pg/test_differential.py`` holds
 this engine and the PostgreSQL one to ``docs/concepts/contract.md``.
 """
 
@@ -19,7 +19,8 @@ from pools import conf
 from pools.core import events, locking, pass_runs, settling
 from pools.core.enqueueing import enqueue_with_locks
 from pools.core.records import Admission, Claim, Enqueued, Submission
-from pools.models import EntryState, EventKind, QueueEntry
+from pools.models import QueueEntry
+from pools.states import EntryState, EventKind
 
 
 class OrmEngine:
