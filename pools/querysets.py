@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import connections, models, transaction
+from django.db.models import Count, IntegerField, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
 
 if TYPE_CHECKING:
     pass
@@ -100,9 +102,6 @@ def _demand() -> Any:
 
 def held_slots_expr() -> Any:
     """``Pool`` annotation: slots held by admitted and running entries (0 when none)."""
-    from django.db.models import IntegerField, OuterRef, Subquery, Sum
-    from django.db.models.functions import Coalesce
-
     held = (
         _demand()
         .objects.filter(pool_id=OuterRef("pk"), state__in=_HELD)
@@ -116,9 +115,6 @@ def held_slots_expr() -> Any:
 
 def waiting_count_expr() -> Any:
     """``Pool`` annotation: entries in line (due waiting entries; 0 when none)."""
-    from django.db.models import Count, IntegerField, OuterRef, Subquery
-    from django.db.models.functions import Coalesce
-
     waiting = (
         _demand()
         .objects.filter(pool_id=OuterRef("pk"), state="waiting")

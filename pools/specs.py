@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
 from pools import rates_text
-from pools.exceptions import PoolConfigurationError
+from pools.exceptions import PoolConfigurationError, PoolKeyError
 from pools.pool_names import (
     TASK_CAP_PREFIX,
     cap_pool_name,
@@ -474,8 +474,6 @@ class PoolSpec:
         """
         if not self.patterns:
             return self
-        from pools.exceptions import PoolKeyError
-
         demand: dict[str, int] = {}
         templates: dict[str, str] = {}
         for name, slots in self.demand.items():

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 from pools.celery.keeper import keeper
-from pools.core import admission, sweeps
+from pools.core import admission, spendcap, sweeps
 from pools.core.snapshots import PoolSnapshot, snapshot
 
 
@@ -42,8 +42,6 @@ def spend_clock(now: datetime | Callable[[], datetime]) -> Iterator[None]:
     ``with spend_clock(datetime(2026, 1, 1, 23, 59, tzinfo=UTC)): ...``; pass a callable to
     move the clock inside the block.
     """
-    from pools.core import spendcap
-
     before = spendcap.clock
     spendcap.clock = now if callable(now) else (lambda: now)
     try:

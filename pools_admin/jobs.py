@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.contrib import messages
 from django.db import DatabaseError
 
+from pools.celery import jobs
+from pools.core import line_places
 from pools.exceptions import PoolError, PoolUnavailable
 from pools.models import Pool, QueueEntry
 from pools.states import HELD_STATES, EntryState, Origin
@@ -12,8 +14,6 @@ from pools.states import HELD_STATES, EntryState, Origin
 
 def _where(queue_id: int | None) -> str:
     """``admitted at once`` / ``waiting, position 3 in warehouse`` for a fresh entry."""
-    from pools.core import line_places
-
     if queue_id is None:
         return "queued"
     entry = QueueEntry.objects.filter(pk=queue_id).first()
@@ -33,8 +33,6 @@ def _where(queue_id: int | None) -> str:
 
 def run_now(name: str) -> tuple[int, str]:
     """Start periodic task ``name`` now; ``(message level, message)`` for the admin."""
-    from pools.celery import jobs
-
     try:
         started = jobs.start_job(name, origin=Origin.MANUAL)
     except (PoolUnavailable, DatabaseError):

@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 from django.apps import apps
 from rest_framework import serializers, status
+from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -42,8 +43,6 @@ PAGE_SIZE = 50
 def _authentication_classes() -> list[Any]:
     classes = list(api_settings.DEFAULT_AUTHENTICATION_CLASSES)
     if apps.is_installed("rest_framework.authtoken"):
-        from rest_framework.authentication import TokenAuthentication
-
         if not any(issubclass(c, TokenAuthentication) for c in classes):
             classes.append(TokenAuthentication)
     return classes

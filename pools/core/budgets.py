@@ -29,7 +29,7 @@ from django.utils import timezone
 from pools.core import locking
 from pools.core.ending import finish_waiting
 from pools.core.pass_runs import admit_in, follow_up
-from pools.core.records import BUDGET, BudgetStop, Finished, Submission
+from pools.core.records import BUDGET, BUDGET_OPTION, BudgetStop, Finished, Submission
 from pools.exceptions import BudgetExceeded, EntryNotFound, LeaseLost, PoolConfigurationError
 from pools.models import Charge, QueueEntry, RunBudget
 from pools.specs import BUDGET_KINDS, Budget
@@ -273,8 +273,6 @@ def rejects_requeue(entry: QueueEntry) -> BudgetStop | None:
     Called under the entry's pool locks by :func:`pools.core.settling.requeue`; reads the
     budget row only for entries of runs with a budget (their ``options`` say so).
     """
-    from pools.core.records import BUDGET_OPTION
-
     run_id = (entry.options or {}).get(BUDGET_OPTION)
     if not run_id:
         return None

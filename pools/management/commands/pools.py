@@ -197,8 +197,6 @@ class Command(BaseCommand):
         self.stdout.write(f"resumed {name}" if changed else f"{name} was not paused")
 
     def do_sweep(self, **options: Any) -> None:
-        from pools.celery import beat
-
         r = sweeps.sweep()
         cancelled = beat.cancel_stale_fires()  # periodic tasks changed behind the signals
         self.stdout.write(
