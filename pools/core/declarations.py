@@ -108,12 +108,19 @@ class PoolTemplate:
     aging_seconds: int | None = None
     #: The rate of each pool made from it (stored form; each pool has its own windows).
     rate: str = ""
+    #: ``"values"``: dotted path of a callable mapping a key's fields to limit values
+    #: (:mod:`pools.core.overrides`); empty when the template has none.
+    values: str = ""
 
 
 def parse_template(pattern: str, raw: Any) -> PoolTemplate:
     """Validate one ``TEMPLATES`` item; raises ``PoolConfigurationError`` with the fix."""
     where = f"POOLS['TEMPLATES'][{pattern!r}]"
     refuse_reserved(validate_pool_pattern(pattern))
+    plan = ""
+    if isinstance(raw, dict) and "values" in raw:
+        raw = dict(raw)
+        plan = _values_path(raw.pop("values"), where)
     values = pool_fields.read(TEMPLATE, where, raw)
     values["slots"] = pool_fields.slots_of(
         values,
@@ -122,7 +129,18 @@ def parse_template(pattern: str, raw: Any) -> PoolTemplate:
         "to limit starts only.",
     )
     pool_fields.check_order(values["strategy"], values["aging_seconds"], where=where)
-    return PoolTemplate(pattern=pattern, **values)
+    return PoolTemplate(pattern=pattern, values=plan, **values)
+
+
+def _values_path(raw: Any, where: str) -> str:
+    """A template's ``values``: the dotted path of a callable (``"myapp.plans.limits_for"``)."""
+    if not isinstance(raw, str) or "." not in raw.strip(".") or any(c.isspace() for c in raw):
+        raise PoolConfigurationError(
+            f"{where}['values'] must be the dotted path of a callable such as "
+            f"'myapp.plans.limits_for' (taking the key's fields, returning a dict of "
+            f"{list(pool_fields.LIMIT_FIELDS)}), got {raw!r}."
+        )
+    return raw
 
 
 def template_for(pattern: str) -> PoolTemplate:

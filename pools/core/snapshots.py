@@ -23,13 +23,32 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Case, CharField, Count, F, OuterRef, Q, QuerySet, Subquery, When
+from django.db.models import (
+    Case,
+    CharField,
+    Count,
+    F,
+    JSONField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    When,
+)
 from django.utils import timezone
 
-from pools.core import explain, rates, spendcap
+from pools.core import explain, overrides, rates, spendcap
 from pools.core.explain import PoolView
 from pools.exceptions import UnknownPool
-from pools.models import HELD_STATES, TERMINAL_STATES, Demand, EntryState, Pool, QueueEntry
+from pools.models import (
+    HELD_STATES,
+    TERMINAL_STATES,
+    Demand,
+    EntryState,
+    Pool,
+    PoolOverride,
+    QueueEntry,
+)
 from pools.querysets import LINE_ORDER, held_slots_expr
 
 #: Demand states of unfinished entries, counted per pool (``delayed``: not due yet).
@@ -115,6 +134,16 @@ class PoolSnapshot:
     defined_in_settings: bool = False
     #: Mean hold time of recent entries (the ETA's basis); ``None`` without history.
     mean_hold: timedelta | None = None
+    #: The ``POOLS["TEMPLATES"]`` pattern of a per-key pool ("" for other pools).
+    template: str = ""
+    #: A per-key pool's overridden limits: ``{field: {"value": ..., "template": ...}}``
+    #: (:mod:`pools.core.overrides`); empty when it has none.
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def override_labels(self) -> list[str]:
+        """``["slots 8 (override; template 2)", ...]``."""
+        return overrides.labels(self.overrides)
 
     @property
     def free(self) -> int:
@@ -184,7 +213,12 @@ def _with_heads(qs: QuerySet[Pool], n: int) -> QuerySet[Pool]:
         )
         for i, name in enumerate(_head_names(n))
     }
-    return qs.annotate(**annotations) if annotations else qs
+    # A per-key pool's overrides (kept by name: they outlive the pool).
+    annotations["override_values"] = Subquery(
+        PoolOverride.objects.filter(pool=OuterRef("name")).values("values")[:1],
+        output_field=JSONField(),
+    )
+    return qs.annotate(**annotations)
 
 
 def _counts(pool_ids: Sequence[int]) -> dict[int, dict[str, int]]:
@@ -374,6 +408,8 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
                 ),
                 recent=recent_items[p.pk],
                 mean_hold=explain.mean_hold(holds[p.pk]),
+                template=p.template,
+                overrides=overrides.detail(p.template, getattr(p, "override_values", None)),
             )
         )
     return out
