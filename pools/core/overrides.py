@@ -255,7 +255,7 @@ def clear_overrides(
         exc = PoolConfigurationError(
             f"Unknown limit(s) {unknown}; a per-key pool's overrides are {list(LIMIT_FIELDS)}."
         )
-        exc.field = unknown[0]
+        exc.field = "fields"
         raise exc
     with locking.locked_override(name) as row:
         removed = [f for f in fields if row is not None and f in row.values]

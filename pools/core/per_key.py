@@ -52,6 +52,7 @@ def ensure_pool(name: str, pattern: str) -> Pool:
                     **{
                         key: getattr(template, key)
                         for key in pool_fields.names(pool_fields.TEMPLATE)
+                        if key not in limits.values
                     },
                     **limits.values,
                     template=pattern,
