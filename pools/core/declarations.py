@@ -5,8 +5,11 @@ per-key templates of ``POOLS["TEMPLATES"]``, read and checked with the pool fiel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+from django.utils.module_loading import import_string
 
 from pools import conf, pool_fields
 from pools.exceptions import PoolConfigurationError
@@ -152,3 +155,21 @@ def template_for(pattern: str) -> PoolTemplate:
             f"POOLS['TEMPLATES'] = {{{pattern!r}: {{'slots': 1}}}} to settings."
         )
     return parse_template(pattern, raw)
+
+
+def values_callable(template: PoolTemplate) -> Callable[..., Any] | None:
+    """The template's ``values`` callable imported (None without one); an import failure
+    or a non-callable raises ``PoolConfigurationError`` naming it."""
+    if not template.values:
+        return None
+    where = f"POOLS['TEMPLATES'][{template.pattern!r}]['values']"
+    try:
+        func = import_string(template.values)
+    except ImportError as exc:
+        raise PoolConfigurationError(
+            f"{where}: {template.values!r} cannot be imported ({exc}); give the dotted path "
+            f"of a function such as 'myapp.plans.limits_for'."
+        ) from None
+    if not callable(func):
+        raise PoolConfigurationError(f"{where}: {template.values!r} is not callable.")
+    return cast("Callable[..., Any]", func)

@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from pools import conf, pool_fields, rates_text
 from pools.core import events, locking, pool_crud
 from pools.core.capacity import configured_slots
-from pools.core.declarations import PoolTemplate, template_for
+from pools.core.declarations import PoolTemplate, template_for, values_callable
 from pools.exceptions import PoolConfigurationError
 from pools.models import EventKind, Pool, PoolOverride
 from pools.specs import key_fields
@@ -134,11 +133,12 @@ def plan_values(template: PoolTemplate, name: str) -> tuple[dict[str, Any], str]
     where = f"POOLS['TEMPLATES'][{template.pattern!r}]['values'] ({template.values})"
     fields = key_fields(template.pattern, name) or {}
     try:
-        func = import_string(template.values)
-    except ImportError as exc:
-        error = f"{where} cannot be imported: {exc}. The template's values apply to {name!r}."
+        func = values_callable(template)
+    except PoolConfigurationError as exc:
+        error = f"{exc} The template's values apply to {name!r}."
         log.error(error)
         return {}, error
+    assert func is not None  # template.values is set
     try:
         raw = func(**fields)
     except Exception as exc:  # the user's callable: report, fall back
