@@ -94,25 +94,27 @@ def pattern_of(name: str) -> str | None:
 def check_values(raw: Any, *, where: str) -> dict[str, Any]:
     """A dict of limit values checked with the pool field table (stored form).
 
-    ``None`` is no value. Raises ``PoolConfigurationError`` naming ``where``.
+    ``None`` is no value. Raises ``PoolConfigurationError`` naming ``where`` (the field
+    alone when empty, as the REST API and the admin say it).
     """
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
         raise PoolConfigurationError(
-            f"{where} must return a dict of {list(LIMIT_FIELDS)} such as {{'slots': 8}} "
+            f"{where or 'overrides'} must return a dict of {list(LIMIT_FIELDS)} such as {{'slots': 8}} "
             f"(or None), got {raw!r}."
         )
     unknown = sorted(str(k) for k in raw if k not in LIMIT_FIELDS)
     if unknown:
+        prefix = f"{where}: unknown" if where else "Unknown"
         exc = PoolConfigurationError(
-            f"{where}: unknown limit(s) {unknown}; a per-key pool may carry its own "
+            f"{prefix} limit(s) {unknown}; a per-key pool may carry its own "
             f"{list(LIMIT_FIELDS)} only."
         )
         exc.field = unknown[0]
         raise exc
     return {
-        name: pool_fields.FIELDS[name].clean(raw[name], f"{where}[{name!r}]")
+        name: pool_fields.FIELDS[name].clean(raw[name], f"{where}[{name!r}]" if where else name)
         for name in LIMIT_FIELDS
         if name in raw
     }
@@ -229,7 +231,7 @@ def set_overrides(name: str, values: Mapping[str, Any], *, actor: str | None = N
     no template makes) or ``PoolUnavailable``.
     """
     pattern = _pattern_or_error(name)
-    checked = check_values(values, where="overrides")
+    checked = check_values(values, where="")
     if not checked:
         raise PoolConfigurationError(
             f"Give at least one of {list(LIMIT_FIELDS)} to override, e.g. {{'slots': 8}}."
