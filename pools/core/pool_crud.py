@@ -125,6 +125,8 @@ def save_override(
     """Merge limit ``values`` (checked) into the override row of per-key pool ``name``,
     and log who set what (a ``capacity`` event with ``override``). The pool itself is not
     changed here (:func:`update_pool` does, :mod:`pools.core.overrides` calls it)."""
+    # The row first (get_or_create settles two first overrides of a name), then its lock.
+    PoolOverride.objects.get_or_create(pool=name, defaults={"template": pattern})
     with locking.locked_override(name) as locked:
         row = locked or PoolOverride(pool=name)
         row.values = {**row.values, **values}

@@ -4,12 +4,14 @@ values callable, retirement and re-creation, sync from settings, and where they 
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import timedelta
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -113,6 +115,33 @@ def test_override__saved_while_a_first_use_creates_the_pool_is_applied(
     monkeypatch.setattr(overrides, "limits_for", read_then_override)
     per_key.ensure_pool("tenant:race", PATTERN)
     assert _limits("tenant:race")[0] == 6
+
+
+@pytest.mark.server_db
+def test_concurrent_first_overrides__of_one_name_merge(templates: Settings) -> None:
+    """Two connections override two limits of a key that has no row yet, at once: one row
+    with both, no error (PostgreSQL and MariaDB; SQLite serializes writers)."""
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def override(values: dict[str, Any]) -> None:
+        try:
+            barrier.wait()
+            overrides.set_overrides("tenant:twice", values, actor="ops")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=override, args=(v,)) for v in ({"slots": 5}, {"max_queued": 9})
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert overrides.current("tenant:twice") == {"slots": 5, "max_queued": 9}
 
 
 def test_sync__never_overwrites_an_override_and_applies_the_template_elsewhere(
