@@ -22,7 +22,6 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from pools import pool_fields
 from pools.api import errors, permissions
 from pools.api import serializers as s
 from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, view_schema
@@ -248,27 +247,10 @@ class PoolResumeView(_PauseView):
 
 
 def _overrides_body(name: str) -> dict[str, Any]:
-    pattern = overrides.pattern_of(name)
-    if pattern is None:
+    body = overrides.describe(name)
+    if body is None:
         raise UnknownPool(name)
-    limits = overrides.limits_for(name, pattern)
-    values, base = limits.values, limits.base
-    return {
-        "pool": name,
-        "template": pattern,
-        "exists": Pool.objects.filter(name=name).exists(),
-        "overrides": limits.override,
-        "limits": {
-            key: {
-                "value": values[key],
-                "source": limits.source(key),
-                "template": limits.template[key],
-                "without_override": base[key],
-            }
-            for key in pool_fields.LIMIT_FIELDS
-        },
-        "values_error": limits.plan_error,
-    }
+    return body
 
 
 _OVERRIDES_404 = _error("No template's pattern makes this name (not a per-key pool).")

@@ -177,6 +177,33 @@ def limits_for(
     )
 
 
+def describe(name: str) -> dict[str, Any] | None:
+    """The limits of per-key pool ``name`` (created or not yet) with the source of each,
+    as ``GET pools/<name>/overrides`` answers them; None when no template makes ``name``.
+    Calls the values callable."""
+    pattern = pattern_of(name)
+    if pattern is None:
+        return None
+    limits = limits_for(name, pattern)
+    values, base = limits.values, limits.base
+    return {
+        "pool": name,
+        "template": pattern,
+        "exists": Pool.objects.filter(name=name).exists(),
+        "overrides": limits.override,
+        "limits": {
+            key: {
+                "value": values[key],
+                "source": limits.source(key),
+                "template": limits.template[key],
+                "without_override": base[key],
+            }
+            for key in LIMIT_FIELDS
+        },
+        "values_error": limits.plan_error,
+    }
+
+
 def stored(names: list[str]) -> dict[str, dict[str, Any]]:
     """The override rows of ``names``: ``{pool name: values}`` (one query)."""
     return dict(PoolOverride.objects.filter(pool__in=names).values_list("pool", "values"))
