@@ -23,7 +23,15 @@ from pools import conf, pool_fields
 from pools.core import admission, overrides, pool_crud
 from pools.core import capacity as pool_capacity
 from pools.exceptions import PoolError, PoolRefused, PoolUnavailable
-from pools.models import HELD_STATES, EntryState, Pool, PoolEvent, QueueEntry, WorkerNode
+from pools.models import (
+    HELD_STATES,
+    EntryState,
+    Pool,
+    PoolEvent,
+    PoolOverride,
+    QueueEntry,
+    WorkerNode,
+)
 from pools.querysets import held_slots_expr, waiting_count_expr
 from pools_admin import views, why
 from pools_admin.forms import PoolForm
@@ -384,6 +392,55 @@ class QueueEntryAdmin(admin.ModelAdmin):
             path("<int:queue_id>/panel/", _mount(self, views.entry_panel), name=f"{info}_panel"),
             *super().get_urls(),
         ]
+
+
+@admin.register(PoolOverride)
+class PoolOverrideAdmin(admin.ModelAdmin):
+    """Per-key overrides, kept by pool name (also of keys whose pool is retired or not yet
+    created). Set on the pool's page or through the REST API; removed here through the
+    service (the pool returns to its template's limits). Permissions of pool changes."""
+
+    list_display = ("pool", "template", "shown", "actor", "updated_at")
+    search_fields = ("pool",)
+    readonly_fields = ("pool", "template", "values", "actor", "updated_at")
+    actions = ["remove_selected"]
+
+    @admin.display(description="overrides")
+    def shown(self, obj: PoolOverride) -> str:
+        labels = overrides.labels(overrides.detail(obj.template, obj.values))
+        return "; ".join(labels) or str(obj.values)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.has_perm("pools.view_pool"))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the action below removes them, through the service
+
+    def has_remove_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("pools.change_pool"))
+
+    @admin.action(
+        description="Remove selected overrides (back to the template's limits)",
+        permissions=["remove"],
+    )
+    def remove_selected(self, request: HttpRequest, queryset: QuerySet[PoolOverride]) -> None:
+        actor = actor_of(request)
+        done = []
+        for row in queryset:
+            try:
+                overrides.clear_overrides(row.pool, actor=actor)
+            except PoolError as exc:
+                self.message_user(request, f"{row.pool}: {exc}", messages.ERROR)
+                continue
+            done.append(row.pool)
+        if done:
+            self.message_user(request, f"Removed the overrides of {', '.join(done)}.")
 
 
 @admin.register(PoolEvent)

@@ -276,8 +276,11 @@ def clear_overrides(
 ) -> dict[str, Any]:
     """Remove overrides of pool ``name`` (``fields``, or all): each field returns to the
     value it would have without it (the callable's, else the template's). Logged with
-    ``actor``. Returns the overrides left."""
-    pattern = _pattern_or_error(name)
+    ``actor``. Returns the overrides left. The row of a name no template makes any more
+    (its pattern left settings) is removed as well; there is no pool to change then."""
+    pattern = pattern_of(name)
+    if pattern is None and not PoolOverride.objects.filter(pool=name).exists():
+        pattern = _pattern_or_error(name)
     fields = list(LIMIT_FIELDS if fields is None else fields)
     unknown = [f for f in fields if f not in LIMIT_FIELDS]
     if unknown:
@@ -300,10 +303,11 @@ def clear_overrides(
             EventKind.CAPACITY_CHANGED,
             name,
             at=timezone.now(),
-            detail={"override_removed": removed, "template": pattern},
+            detail={"override_removed": removed, "template": pattern or row.template},
             actor=actor,
         )
-    _apply(name, pattern, only=removed, actor=actor)
+    if pattern is not None:
+        _apply(name, pattern, only=removed, actor=actor)
     return left
 
 

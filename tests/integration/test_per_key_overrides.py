@@ -23,7 +23,7 @@ from pools.exceptions import PoolConfigurationError
 from pools.models import EventKind, Pool, PoolEvent, PoolOverride
 from tests.bridge import RecordingBridge
 from tests.integration.admin_support import ADMIN_APPS, card_row
-from tests.integration.api_support import client_for, url
+from tests.integration.api_support import client_for, make_user, url
 from tests.testapp.tasks import tenant_job
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=ADMIN_APPS)
@@ -396,3 +396,38 @@ def test_admin__a_change_is_an_override_shown_on_the_card_page_and_list(
     assert overrides.current("tenant:acme") == {}
     assert _limits("tenant:acme")[0] == 2
     assert label not in card_row(admin_client.get("/admin/").content.decode(), "tenant:acme")
+
+
+def test_admin__override_list_shows_retired_keys_and_removes_through_the_service(
+    templates: Settings, admin_client: Client
+) -> None:
+    overrides.set_overrides("tenant:later", {"slots": 5}, actor="ops")  # no pool yet
+    changelist = reverse("admin:pools_pooloverride_changelist")
+    page = admin_client.get(changelist).content.decode()
+    assert "tenant:later" in page and "slots 5 (override; template 2)" in page
+    # A viewer of pools sees the list but cannot remove.
+    viewer = Client()
+    viewer.force_login(make_user("pools.view_pool", staff=True))
+    assert viewer.get(changelist).status_code == 200
+    row = PoolOverride.objects.get(pool="tenant:later")
+    viewer.post(changelist, {"action": "remove_selected", "_selected_action": [str(row.pk)]})
+    assert overrides.current("tenant:later") == {"slots": 5}
+    admin_client.post(changelist, {"action": "remove_selected", "_selected_action": [str(row.pk)]})
+    assert not PoolOverride.objects.exists()
+    removed = PoolEvent.objects.get(detail__has_key="override_removed")
+    assert (removed.pool, removed.actor, removed.detail["override_removed"]) == (
+        "tenant:later",
+        "admin",
+        ["slots"],
+    )
+
+
+def test_override_of_a_pattern_gone_from_settings__can_still_be_removed(
+    templates: Settings,
+) -> None:
+    overrides.set_overrides("tenant:old", {"slots": 5})
+    templates.POOLS = {**templates.POOLS, "TEMPLATES": {}}
+    assert overrides.clear_overrides("tenant:old") == {}
+    assert not PoolOverride.objects.exists()
+    with pytest.raises(PoolConfigurationError, match="not a per-key pool"):
+        overrides.clear_overrides("tenant:old")
