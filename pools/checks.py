@@ -41,7 +41,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             errors.append(Error(f"POOLS['TASKS'][{name!r}]: {exc}", id="pools.E003"))
     for pattern, raw in sorted(conf.get().TEMPLATES.items()):
         try:
-            declarations.parse_template(pattern, raw)
+            template = declarations.parse_template(pattern, raw)
+            declarations.values_callable(template)
         except PoolConfigurationError as exc:
             errors.append(Error(str(exc), id="pools.E030", hint="Fix POOLS['TEMPLATES']."))
     errors.extend(_check_patterns_have_templates(conf.get()))

@@ -176,6 +176,32 @@ class Pool(models.Model):
         return f"{self.name} ({self.slots} slots)"
 
 
+class PoolOverride(models.Model):
+    """Limit values set at runtime (REST API, admin) for one per-key pool, by pool name.
+
+    Kept in its own row so that they outlive the pool: the sweep retires an idle per-key
+    pool and the next use creates it again with these values (:mod:`pools.core.overrides`).
+    ``values`` holds only the overridden fields (``slots``, ``rate``, ``max_queued``), as
+    stored on the pool; a field left out takes the template's value.
+    """
+
+    pool = models.CharField(_("pool"), max_length=100, unique=True)
+    #: The ``POOLS["TEMPLATES"]`` pattern of the pool (for the record).
+    template = models.CharField(_("template"), max_length=100, blank=True, default="")
+    values = models.JSONField(_("values"), default=dict, encoder=DjangoJSONEncoder)
+    #: Who set them last (admin, REST API).
+    actor = models.CharField(_("actor"), max_length=150, blank=True, default="")
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        ordering = ["pool"]
+        verbose_name = _("per-key override")
+        verbose_name_plural = _("per-key overrides")
+
+    def __str__(self) -> str:
+        return f"{self.pool}: {self.values}"
+
+
 class QueueEntry(models.Model):
     """One submission of one pooled task: its place in line and, once admitted, its claim."""
 

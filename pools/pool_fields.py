@@ -282,6 +282,8 @@ def names(surface: str) -> tuple[str, ...]:
 #: Fields of a pool that settings, the admin and ``update_pool`` may set (the name is
 #: fixed: entries name it).
 EDITABLE = tuple(name for name in names(CRUD) if name != "name")
+#: The limit values a per-key pool may carry of its own (:mod:`pools.core.overrides`).
+LIMIT_FIELDS = ("slots", "rate", "max_queued")
 #: Fields whose change gives the waiting entries new places (``strategies.rerank``).
 ORDER_FIELDS = ("strategy", "aging_seconds")
 

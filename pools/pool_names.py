@@ -120,6 +120,23 @@ def validate_pool_pattern(pattern: object) -> str:
     return pattern
 
 
+def key_fields(pattern: str, name: str) -> dict[str, str] | None:
+    """The key's fields read back from a pool name ``pattern`` formatted to, or None when
+    ``name`` is not of that pattern (``key_fields("tenant:{tenant_id}", "tenant:acme")``
+    is ``{"tenant_id": "acme"}``). With several fields, the earlier ones take the shortest
+    match."""
+    regex = ""
+    for literal, field_name, _spec, _conversion in string.Formatter().parse(pattern):
+        regex += re.escape(literal)
+        if field_name is not None:
+            regex += f"(?P<{field_name}>.+?)"
+    try:
+        match = re.fullmatch(regex, name)
+    except re.error:  # a field named twice: not a pattern a template can have
+        return None
+    return None if match is None else dict(match.groupdict())
+
+
 def validate_pool_name_or_pattern(name: object) -> str:
     """A pool name, or a per-key pattern (``"tenant:{tenant_id}"``), checked."""
     if isinstance(name, str) and is_pattern(name):

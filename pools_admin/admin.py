@@ -19,11 +19,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.urls import URLPattern, path, re_path, reverse
 from django.utils.html import format_html
 
-from pools import pool_fields
-from pools.core import admission, pool_crud
+from pools import conf, pool_fields
+from pools.core import admission, overrides, pool_crud
 from pools.core import capacity as pool_capacity
 from pools.exceptions import PoolError, PoolRefused, PoolUnavailable
-from pools.models import Pool, PoolEvent, QueueEntry, WorkerNode
+from pools.models import Pool, PoolEvent, PoolOverride, QueueEntry, WorkerNode
 from pools.querysets import held_slots_expr, waiting_count_expr
 from pools.states import HELD_STATES, EntryState
 from pools_admin import views, why
@@ -67,7 +67,7 @@ class PoolAdmin(admin.ModelAdmin):
     )
     list_filter = ("paused", "strategy", "defined_in_settings", "retiring")
     search_fields = ("name",)
-    actions = ["pause_pools", "resume_pools"]
+    actions = ["pause_pools", "resume_pools", "remove_overrides"]
     change_form_template = "pools_admin/pool_change_form.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Pool]:
@@ -122,7 +122,20 @@ class PoolAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Pool | None = None) -> Any:
         # Entries name their pools: renaming would orphan them.
-        return ("name", "defined_in_settings") if obj else ("defined_in_settings",)
+        if obj is None:
+            return ("defined_in_settings",)
+        return ("name", "defined_in_settings", "template", "limits")
+
+    @admin.display(description="per-key limits")
+    def limits(self, obj: Pool) -> str:
+        """A per-key pool's overridden limits: "slots 8 (override; template 2)"."""
+        if obj.template not in conf.get().TEMPLATES:
+            return "-"
+        labels = overrides.labels(overrides.detail(obj.template, overrides.current(obj.name)))
+        return "; ".join(labels) or (
+            "template values (a change of slots, rate or max queued here is kept as this "
+            "key's override)"
+        )
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         obj = super().get_object(request, object_id, from_field)
@@ -178,6 +191,29 @@ class PoolAdmin(admin.ModelAdmin):
     @admin.action(description="Resume selected pools", permissions=["change"])
     def resume_pools(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
         self._set_paused(request, queryset, False)
+
+    @admin.action(
+        description="Remove per-key overrides (back to the template's limits)",
+        permissions=["change"],
+    )
+    def remove_overrides(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        actor = actor_of(request)
+        done = []
+        for pool in queryset:
+            if pool.template not in conf.get().TEMPLATES or not overrides.current(pool.name):
+                continue
+            try:
+                overrides.clear_overrides(pool.name, actor=actor)
+            except PoolError as exc:
+                self.message_user(request, f"{pool.name}: {exc}", messages.ERROR)
+                continue
+            done.append(pool.name)
+        if done:
+            self.message_user(
+                request, f"Back to the template's limits: {', '.join(done)}.", messages.SUCCESS
+            )
+        else:
+            self.message_user(request, "Nothing to do: no selected pool has overrides.")
 
     def get_urls(self) -> list[URLPattern]:
         info = f"{self.opts.app_label}_{self.opts.model_name}"
@@ -349,6 +385,55 @@ class QueueEntryAdmin(admin.ModelAdmin):
             path("<int:queue_id>/panel/", _mount(self, views.entry_panel), name=f"{info}_panel"),
             *super().get_urls(),
         ]
+
+
+@admin.register(PoolOverride)
+class PoolOverrideAdmin(admin.ModelAdmin):
+    """Per-key overrides, kept by pool name (also of keys whose pool is retired or not yet
+    created). Set on the pool's page or through the REST API; removed here through the
+    service (the pool returns to its template's limits). Permissions of pool changes."""
+
+    list_display = ("pool", "template", "shown", "actor", "updated_at")
+    search_fields = ("pool",)
+    readonly_fields = ("pool", "template", "values", "actor", "updated_at")
+    actions = ["remove_selected"]
+
+    @admin.display(description="overrides")
+    def shown(self, obj: PoolOverride) -> str:
+        labels = overrides.labels(overrides.detail(obj.template, obj.values))
+        return "; ".join(labels) or str(obj.values)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.has_perm("pools.view_pool"))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the action below removes them, through the service
+
+    def has_remove_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("pools.change_pool"))
+
+    @admin.action(
+        description="Remove selected overrides (back to the template's limits)",
+        permissions=["remove"],
+    )
+    def remove_selected(self, request: HttpRequest, queryset: QuerySet[PoolOverride]) -> None:
+        actor = actor_of(request)
+        done = []
+        for row in queryset:
+            try:
+                overrides.clear_overrides(row.pool, actor=actor)
+            except PoolError as exc:
+                self.message_user(request, f"{row.pool}: {exc}", messages.ERROR)
+                continue
+            done.append(row.pool)
+        if done:
+            self.message_user(request, f"Removed the overrides of {', '.join(done)}.")
 
 
 @admin.register(PoolEvent)

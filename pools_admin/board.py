@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import F, OuterRef, Subquery, Window
+from django.db.models import F, JSONField, OuterRef, Subquery, Window
 from django.db.models.functions import RowNumber
 
-from pools.core import rates
-from pools.models import Demand, Pool, QueueEntry
+from pools.core import overrides, rates
+from pools.models import Demand, Pool, PoolOverride, QueueEntry
 from pools.querysets import held_slots_expr, waiting_count_expr
 
 #: Waiting entries shown per pool (the head of its line).
@@ -68,6 +68,8 @@ class PoolRow:
     pending_slots: int | None = None
     #: The pool's rates as stored (``"20/s,100/m"``); empty without a rate.
     rate: str = ""
+    #: A per-key pool's overridden limits: ``["slots 8 (override; template 2)"]``.
+    overrides: tuple[str, ...] = ()
 
     @property
     def unlimited(self) -> bool:
@@ -119,6 +121,10 @@ def _pools_query() -> list[Pool]:
             held_slots=held_slots_expr(),
             waiting_count=waiting_count_expr(),
             nearest_deadline=Subquery(deadline),
+            override_values=Subquery(
+                PoolOverride.objects.filter(pool=OuterRef("name")).values("values")[:1],
+                output_field=JSONField(),
+            ),
         )
     )
 
@@ -182,6 +188,9 @@ def load(*, head: int = HEAD) -> list[PoolRow]:
             head=heads.get(p.pk, []),
             pending_slots=p.pending_slots,
             rate=p.rate,
+            overrides=tuple(
+                overrides.labels(overrides.detail(p.template, p.override_values))  # type: ignore[attr-defined]
+            ),
         )
         for p in pools
     ]

@@ -182,6 +182,14 @@ class PoolSnapshotSerializer(serializers.Serializer[Any]):
     mean_hold_seconds = serializers.SerializerMethodField(
         help_text="Mean hold time of recent entries (the ETA's basis); null without history."
     )
+    template = serializers.CharField(
+        help_text="The POOLS['TEMPLATES'] pattern of a per-key pool (empty for other pools)."
+    )
+    overrides = serializers.DictField(
+        child=serializers.DictField(),
+        help_text='A per-key pool\'s limits set at runtime: {"slots": {"value": 8, '
+        '"template": 2}} (empty: none). Change them with pools/<name>/overrides.',
+    )
 
     def get_mean_hold_seconds(self, obj: Any) -> float | None:
         """The snapshot's mean hold, in seconds."""
@@ -360,3 +368,69 @@ class PoolInputSerializer(serializers.Serializer[Any]):
     validate_aging_seconds = _table_check("aging_seconds")
     validate_spend_cap = _table_check("spend_cap")
     validate_rate = _table_check("rate")
+
+
+class LimitSerializer(serializers.Serializer[Any]):
+    """One limit of a per-key pool and where its value comes from."""
+
+    value = serializers.JSONField(help_text="The value in effect (as stored; rate: '10/s').")
+    source = serializers.ChoiceField(
+        choices=["override", "values", "template"],
+        help_text="override (set at runtime), values (the template's values callable) or template.",
+    )
+    template = serializers.JSONField(help_text="The template's own value.")
+    without_override = serializers.JSONField(
+        help_text="The value once the override is removed (the callable's, else the template's)."
+    )
+
+
+class OverridesSerializer(serializers.Serializer[Any]):
+    """``pools/<name>/overrides``: a per-key pool's own limit values."""
+
+    pool = serializers.CharField()
+    template = serializers.CharField(help_text="The POOLS['TEMPLATES'] pattern.")
+    exists = serializers.BooleanField(
+        help_text="False while the pool is not created (or retired): the overrides apply "
+        "when the next use creates it."
+    )
+    overrides = serializers.DictField(help_text="The values set at runtime, by field.")
+    limits = serializers.DictField(child=LimitSerializer())
+    values_error = serializers.CharField(
+        help_text="Why the template's values callable was not used (empty when it was)."
+    )
+
+
+class OverridesInputSerializer(serializers.Serializer[Any]):
+    """Body of ``PATCH pools/<name>/overrides``: the limits to override (at least one)."""
+
+    slots = serializers.IntegerField(required=False, help_text="Capacity of this key's pool.")
+    rate = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text='Rate of this key\'s pool: "100/m", a list, or null / [] for none.',
+    )
+    max_queued = serializers.IntegerField(
+        required=False, allow_null=True, help_text="Backlog limit (null: unlimited)."
+    )
+
+    validate_slots = _table_check("slots")
+    validate_max_queued = _table_check("max_queued")
+    validate_rate = _table_check("rate")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """At least one limit; no other field."""
+        unknown = sorted(set(self.initial_data or {}) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError(
+                {
+                    "non_field_errors": [
+                        f"Unknown field(s) {unknown}; a per-key pool's overrides are "
+                        f"{list(pool_fields.LIMIT_FIELDS)}."
+                    ]
+                }
+            )
+        if not attrs:
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Give at least one of slots, rate, max_queued."]}
+            )
+        return attrs

@@ -27,7 +27,16 @@ from pools.api import errors, permissions
 from pools.api import serializers as s
 from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, view_schema
 from pools.celery import jobs
-from pools.core import admission, capacity, entry_pages, explain, pool_crud, reads, snapshots
+from pools.core import (
+    admission,
+    capacity,
+    entry_pages,
+    explain,
+    overrides,
+    pool_crud,
+    reads,
+    snapshots,
+)
 from pools.exceptions import EntryNotFound, PoolRefused, UnknownPool
 from pools.models import Pool
 from pools.states import Origin
@@ -244,6 +253,86 @@ class PoolResumeView(_PauseView):
     def post(self, request: Request, name: str) -> Response:
         """Resume the pool."""
         return super().post(request, name)
+
+
+def _overrides_body(name: str) -> dict[str, Any]:
+    body = overrides.describe(name)
+    if body is None:
+        raise UnknownPool(name)
+    return body
+
+
+_OVERRIDES_404 = _error("No template's pattern makes this name (not a per-key pool).")
+
+
+class PoolOverridesView(PoolsAPIView):
+    """``GET``, ``PATCH``, ``DELETE pools/<name>/overrides``: a per-key pool's own limits."""
+
+    perms = _perms(PATCH="pools.change_pool", DELETE="pools.change_pool")
+
+    @extend_schema(
+        operation_id="pools_overrides_retrieve",
+        responses={200: s.OverridesSerializer, 404: _OVERRIDES_404, **COMMON},
+        description="The limits of a per-key pool (created or not yet) and where each comes "
+        "from: an override set at runtime, the template's values callable, or the template.",
+    )
+    def get(self, request: Request, name: str) -> Response:
+        """A per-key pool's limits."""
+        with reads.bounded_read(f"read overrides of {name}"):
+            body = _overrides_body(name)
+        return Response(s.OverridesSerializer(body).data)
+
+    @extend_schema(
+        operation_id="pools_overrides_partial_update",
+        request=s.OverridesInputSerializer,
+        responses={
+            200: s.OverridesSerializer,
+            400: _error("Invalid values (same rules as settings).", s.ValidationErrorSerializer),
+            404: _OVERRIDES_404,
+            **WITH_BODY,
+        },
+        description="Override slots, rate or max_queued of one key's pool (merged with its "
+        "other overrides). Kept by name: they survive the pool's retirement and a sync "
+        "from settings. Applied at once to an existing pool (a new slots drains). Logged "
+        "with the user.",
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        """Set overrides."""
+        if overrides.pattern_of(name) is None:
+            raise UnknownPool(name)
+        data = s.OverridesInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        overrides.set_overrides(name, data.validated_data, actor=_actor(request))
+        return Response(s.OverridesSerializer(_overrides_body(name)).data)
+
+    @extend_schema(
+        operation_id="pools_overrides_destroy",
+        parameters=[
+            OpenApiParameter(
+                "fields",
+                str,
+                required=False,
+                description="Comma-separated limits to remove (slots,rate,max_queued); all "
+                "when left out.",
+            )
+        ],
+        responses={
+            200: s.OverridesSerializer,
+            400: _error("Unknown field.", s.ValidationErrorSerializer),
+            404: _OVERRIDES_404,
+            **COMMON,
+        },
+        description="Remove overrides: each field returns to the template's value (or its "
+        "values callable's). Logged with the user.",
+    )
+    def delete(self, request: Request, name: str) -> Response:
+        """Remove overrides."""
+        if overrides.pattern_of(name) is None:
+            raise UnknownPool(name)
+        raw = request.query_params.get("fields")
+        fields = [f.strip() for f in raw.split(",") if f.strip()] if raw else None
+        overrides.clear_overrides(name, fields, actor=_actor(request))
+        return Response(s.OverridesSerializer(_overrides_body(name)).data)
 
 
 class PoolEntriesView(PoolsAPIView):

@@ -129,6 +129,7 @@ def pool_saved(
     actor: str | None = None,
     old: dict[str, Any] | None = None,
     created: bool = False,
+    created_detail: dict[str, Any] | None = None,
 ) -> None:
     """After a pool was created or edited (admin, API): log the change and run admission.
 
@@ -136,7 +137,7 @@ def pool_saved(
     callers). ``old`` holds the edited fields' values before the change (``max_queued``,
     ``description``, policies): a change of one of them is logged too, as a ``capacity``
     event whose detail names the field. ``created`` logs a ``pool_created`` event with
-    the pool's fields.
+    the pool's fields (and ``created_detail``).
     """
 
     now = timezone.now()
@@ -150,6 +151,7 @@ def pool_saved(
                 "max_queued": pool.max_queued,
                 "paused": pool.paused,
                 **({"template": pool.template} if pool.template else {}),
+                **(created_detail or {}),
             },
             actor=actor,
         )

@@ -5,8 +5,11 @@ per-key templates of ``POOLS["TEMPLATES"]``, read and checked with the pool fiel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+from django.utils.module_loading import import_string
 
 from pools import conf, pool_fields
 from pools.exceptions import PoolConfigurationError
@@ -108,12 +111,19 @@ class PoolTemplate:
     aging_seconds: int | None = None
     #: The rate of each pool made from it (stored form; each pool has its own windows).
     rate: str = ""
+    #: ``"values"``: dotted path of a callable mapping a key's fields to limit values
+    #: (:mod:`pools.core.overrides`); empty when the template has none.
+    values: str = ""
 
 
 def parse_template(pattern: str, raw: Any) -> PoolTemplate:
     """Validate one ``TEMPLATES`` item; raises ``PoolConfigurationError`` with the fix."""
     where = f"POOLS['TEMPLATES'][{pattern!r}]"
     refuse_reserved(validate_pool_pattern(pattern))
+    plan = ""
+    if isinstance(raw, dict) and "values" in raw:
+        raw = dict(raw)
+        plan = _values_path(raw.pop("values"), where)
     values = pool_fields.read(TEMPLATE, where, raw)
     values["slots"] = pool_fields.slots_of(
         values,
@@ -122,7 +132,18 @@ def parse_template(pattern: str, raw: Any) -> PoolTemplate:
         "to limit starts only.",
     )
     pool_fields.check_order(values["strategy"], values["aging_seconds"], where=where)
-    return PoolTemplate(pattern=pattern, **values)
+    return PoolTemplate(pattern=pattern, values=plan, **values)
+
+
+def _values_path(raw: Any, where: str) -> str:
+    """A template's ``values``: the dotted path of a callable (``"myapp.plans.limits_for"``)."""
+    if not isinstance(raw, str) or "." not in raw.strip(".") or any(c.isspace() for c in raw):
+        raise PoolConfigurationError(
+            f"{where}['values'] must be the dotted path of a callable such as "
+            f"'myapp.plans.limits_for' (taking the key's fields, returning a dict of "
+            f"{list(pool_fields.LIMIT_FIELDS)}), got {raw!r}."
+        )
+    return raw
 
 
 def template_for(pattern: str) -> PoolTemplate:
@@ -134,3 +155,21 @@ def template_for(pattern: str) -> PoolTemplate:
             f"POOLS['TEMPLATES'] = {{{pattern!r}: {{'slots': 1}}}} to settings."
         )
     return parse_template(pattern, raw)
+
+
+def values_callable(template: PoolTemplate) -> Callable[..., Any] | None:
+    """The template's ``values`` callable imported (None without one); an import failure
+    or a non-callable raises ``PoolConfigurationError`` naming it."""
+    if not template.values:
+        return None
+    where = f"POOLS['TEMPLATES'][{template.pattern!r}]['values']"
+    try:
+        func = import_string(template.values)
+    except ImportError as exc:
+        raise PoolConfigurationError(
+            f"{where}: {template.values!r} cannot be imported ({exc}); give the dotted path "
+            f"of a function such as 'myapp.plans.limits_for'."
+        ) from None
+    if not callable(func):
+        raise PoolConfigurationError(f"{where}: {template.values!r} is not callable.")
+    return cast("Callable[..., Any]", func)

@@ -49,7 +49,7 @@ from django.db import (
 
 from pools import conf
 from pools.exceptions import PoolUnavailable
-from pools.models import Pool
+from pools.models import Pool, PoolOverride
 
 logger = logging.getLogger("pools.locking")
 
@@ -406,3 +406,12 @@ def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
     with bounded(f"pools {', '.join(wanted)}"):
         pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
         yield {p.name: p for p in pools}
+
+
+@contextmanager
+def locked_override(name: str) -> Iterator[PoolOverride | None]:
+    """A bounded transaction holding the lock of per-key pool ``name``'s override row
+    (None when it has none: the caller may insert it; a concurrent insert of the same
+    name fails on the unique name)."""
+    with bounded(f"overrides of {name}"):
+        yield PoolOverride.objects.select_for_update().filter(pool=name).first()

@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from pools import conf, pool_fields
+from pools.core import overrides
 from pools.core.capacity import configured_slots, pool_saved
 from pools.core.declarations import template_for
 from pools.core.pool_crud import delete_pool, update_pool
@@ -32,6 +33,9 @@ _UNFINISHED_DEMAND = (EntryState.WAITING, *HELD_STATES, DELAYED)
 def ensure_pool(name: str, pattern: str) -> Pool:
     """The per-key pool ``name``, created from the template of ``pattern`` on first use.
 
+    Its ``slots`` / ``rate`` / ``max_queued`` are its overrides, else the template's values
+    callable's, else the template's (:mod:`pools.core.overrides`).
+
     Race-safe: concurrent first uses create one pool (the unique name decides; the loser
     reads the winner's row). An existing pool of that name is used as it is, whatever made
     it. The creation is logged as a ``pool_created`` event.
@@ -40,6 +44,7 @@ def ensure_pool(name: str, pattern: str) -> Pool:
     if pool is not None:
         return pool
     template = template_for(pattern)
+    limits = overrides.limits_for(name, pattern)
     for _attempt in range(3):
         try:
             with transaction.atomic():
@@ -48,10 +53,19 @@ def ensure_pool(name: str, pattern: str) -> Pool:
                     **{
                         key: getattr(template, key)
                         for key in pool_fields.names(pool_fields.TEMPLATE)
+                        if key not in limits.values
                     },
+                    **limits.values,
                     template=pattern,
                 )
-                pool_saved(pool, old_slots=None, old_paused=None, created=True)
+                pool_saved(
+                    pool,
+                    old_slots=None,
+                    old_paused=None,
+                    created=True,
+                    created_detail=overrides.creation_detail(limits),
+                )
+            overrides.applied_after_create(pool, limits.override)
             return pool
         except IntegrityError:
             # Another first use won (or a retirement is deleting it: read again, retry).

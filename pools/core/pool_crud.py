@@ -22,7 +22,7 @@ from pools.exceptions import (
     PoolInUse,
     UnknownPool,
 )
-from pools.models import Demand, Pool
+from pools.models import Demand, Pool, PoolOverride
 from pools.pool_fields import OverflowPolicy, PausedPolicy, Strategy
 from pools.states import TERMINAL_STATES, EventKind
 
@@ -71,11 +71,17 @@ def create_pool(
     return pool
 
 
-def update_pool(name: str, *, actor: str | None = None, **changes: Any) -> Pool:
+def update_pool(
+    name: str, *, actor: str | None = None, as_override: bool = True, **changes: Any
+) -> Pool:
     """Change a pool's fields (:data:`pools.pool_fields.EDITABLE`) under its lock.
 
     A new ``slots`` goes through :func:`change_slots` (it drains while entries wait).
     Logs capacity/pause changes and runs admission after commit (:func:`pool_saved`).
+    On a per-key pool (made from a ``POOLS["TEMPLATES"]`` pattern) a new ``slots``,
+    ``rate`` or ``max_queued`` is saved as an override that outlives the pool
+    (:mod:`pools.core.overrides`), unless ``as_override`` is False (the template's own
+    values being applied).
     Raises ``UnknownPool``, ``PoolConfigurationError`` or ``PoolUnavailable``.
     """
 
@@ -87,10 +93,13 @@ def update_pool(name: str, *, actor: str | None = None, **changes: Any) -> Pool:
         raise exc
     changes.pop("name", None)
     values = pool_fields.check_fields(changes)
+    limits = {k: v for k, v in values.items() if k in pool_fields.LIMIT_FIELDS}
     with locking.locked_pools([name]) as locked:
         pool = locked.get(name)
         if pool is None:
             raise UnknownPool(name)
+        if as_override and limits and pool.template in conf.get().TEMPLATES:
+            save_override(name, pool.template, limits, actor=actor)
         old_slots, old_paused = pool.slots, pool.paused
         old = {key: getattr(pool, key) for key in values}
         slots = values.pop("slots", None)
@@ -109,6 +118,29 @@ def update_pool(name: str, *, actor: str | None = None, **changes: Any) -> Pool:
             change_slots(pool, slots, timezone.now(), actor=actor)
         pool_saved(pool, old_slots=old_slots, old_paused=old_paused, actor=actor, old=old)
     return pool
+
+
+def save_override(
+    name: str, pattern: str, values: dict[str, Any], *, actor: str | None = None
+) -> PoolOverride:
+    """Merge limit ``values`` (checked) into the override row of per-key pool ``name``,
+    and log who set what (a ``capacity`` event with ``override``). The pool itself is not
+    changed here (:func:`update_pool` does, :mod:`pools.core.overrides` calls it)."""
+    # The row first (get_or_create settles two first overrides of a name), then its lock.
+    PoolOverride.objects.get_or_create(pool=name, defaults={"template": pattern})
+    with locking.locked_override(name) as locked:
+        row = locked or PoolOverride(pool=name)
+        row.values = {**row.values, **values}
+        row.template, row.actor = pattern, actor or ""
+        row.save()
+        events.record_pool(
+            EventKind.CAPACITY_CHANGED,
+            name,
+            at=timezone.now(),
+            detail={"override": values, "template": pattern},
+            actor=actor,
+        )
+    return row
 
 
 def delete_pool(name: str, *, actor: str | None = None, idle_since: datetime | None = None) -> bool:

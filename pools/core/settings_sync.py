@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from pools import conf, pool_fields
-from pools.core import admission, events, locking, strategies, windows
+from pools.core import admission, events, locking, overrides, strategies, windows
 from pools.core.capacity import change_slots, configured_slots, log_pause
 from pools.core.declarations import declared
 from pools.models import Demand, Pool
@@ -38,6 +38,8 @@ class SyncReport:
     #: Pools removed from settings that still hold or queue work: ``retiring``, deleted
     #: once empty (by the sweep), with how many unfinished entries they have.
     retiring: dict[str, int] = field(default_factory=dict)
+    #: Per-key pools given their template's new values (fields without an override).
+    per_key: list[str] = field(default_factory=list)
 
 
 def sync() -> SyncReport:
@@ -46,6 +48,8 @@ def sync() -> SyncReport:
     A changed ``slots`` goes through :func:`change_slots` (it drains while entries wait).
     A pool that was declared in settings and no longer is gets deleted when it has no
     unfinished entry, else marked ``retiring`` and deleted by the sweep once empty.
+    Existing per-key pools take their template's limit values for the fields they do not
+    override (:func:`pools.core.overrides.apply_templates`).
     """
 
     created: list[str] = []
@@ -98,6 +102,9 @@ def sync() -> SyncReport:
     deleted, retiring = _retire_removed({d.name for d in declared_now}, now)
     if updated:
         admission.admit(updated)
+    # Per-key pools: the template's (or its values callable's) limits for the fields
+    # without an override; an override set at runtime is never overwritten.
+    per_key = overrides.apply_templates()
     return SyncReport(
         created=created,
         updated=updated,
@@ -105,6 +112,7 @@ def sync() -> SyncReport:
         draining=draining,
         deleted=deleted,
         retiring=retiring,
+        per_key=per_key,
     )
 
 

@@ -21,13 +21,23 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Case, CharField, Count, F, OuterRef, QuerySet, Subquery, When
+from django.db.models import (
+    Case,
+    CharField,
+    Count,
+    F,
+    JSONField,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    When,
+)
 from django.utils import timezone
 
-from pools.core import explain, line_places, rates, spendcap
+from pools.core import explain, line_places, overrides, rates, spendcap
 from pools.core.explain import PoolView
 from pools.exceptions import UnknownPool
-from pools.models import Demand, Pool, QueueEntry
+from pools.models import Demand, Pool, PoolOverride, QueueEntry
 from pools.querysets import LINE_ORDER, held_slots_expr
 from pools.states import HELD_STATES, TERMINAL_STATES, EntryState
 
@@ -112,6 +122,16 @@ class PoolSnapshot:
     defined_in_settings: bool = False
     #: Mean hold time of recent entries (the ETA's basis); ``None`` without history.
     mean_hold: timedelta | None = None
+    #: The ``POOLS["TEMPLATES"]`` pattern of a per-key pool ("" for other pools).
+    template: str = ""
+    #: A per-key pool's overridden limits: ``{field: {"value": ..., "template": ...}}``
+    #: (:mod:`pools.core.overrides`); empty when it has none.
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def override_labels(self) -> list[str]:
+        """``["slots 8 (override; template 2)", ...]``."""
+        return overrides.labels(self.overrides)
 
     @property
     def free(self) -> int:
@@ -181,7 +201,12 @@ def _with_heads(qs: QuerySet[Pool], n: int) -> QuerySet[Pool]:
         )
         for i, name in enumerate(_head_names(n))
     }
-    return qs.annotate(**annotations) if annotations else qs
+    # A per-key pool's overrides (kept by name: they outlive the pool).
+    annotations["override_values"] = Subquery(
+        PoolOverride.objects.filter(pool=OuterRef("name")).values("values")[:1],
+        output_field=JSONField(),
+    )
+    return qs.annotate(**annotations)
 
 
 def _counts(pool_ids: Sequence[int]) -> dict[int, dict[str, int]]:
@@ -371,6 +396,8 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
                 ),
                 recent=recent_items[p.pk],
                 mean_hold=line_places.mean_hold(holds[p.pk]),
+                template=p.template,
+                overrides=overrides.detail(p.template, getattr(p, "override_values", None)),
             )
         )
     return out

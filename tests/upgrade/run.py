@@ -54,6 +54,8 @@ PREVIOUS = "c82ec861509c224872739d69e4e8177ff90bff26"
 #: (its 18 migrations and stored functions version 7): the schema tests compare a database
 #: that went through that chain with one migrated by this tree.
 PRE_SQUASH = "bf7d954c7e295b5c1b3b67942b622799398dc9a8"
+#: The squashed initial migration of 0.1.0 (the schema tests compare the old chain with it).
+INITIAL = "0001_release_0_1_0"
 DATABASE = "pools_upgrade"
 #: The database of a run on MariaDB/MySQL (``--database mysql``).
 MYSQL_DATABASE = "mdb_upgrade"
@@ -116,6 +118,18 @@ def in_history(ref: str) -> bool:
         ["git", "cat-file", "-e", f"{ref}^{{commit}}"], cwd=ROOT, check=False, capture_output=True
     )
     return found.returncode == 0
+
+
+def later_migrations() -> list[str]:
+    """The pools migrations after :data:`INITIAL` in this tree (schema changes since 0.1.0),
+    in order: what ``migrate`` applies to a database of the old chain."""
+    folder = ROOT / "pools" / "migrations"
+    return sorted(p.stem for p in folder.glob("[0-9][0-9][0-9][0-9]_*.py") if p.stem != INITIAL)
+
+
+def planned(plan: str) -> list[str]:
+    """``app.migration`` names of a ``migrate --plan`` output, in order."""
+    return [f"{app}.{name}" for app, name in re.findall(r"^(\w+)\.(\w+)$", plan, flags=re.M)]
 
 
 def export_tree(ref: str, into: Path) -> str:

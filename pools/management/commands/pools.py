@@ -34,6 +34,8 @@ def summary_line(s: PoolSnapshot) -> str:
         flag += f" ({s.strategy}{aging})"
     if s.rate:
         flag += f" (rate {', '.join(s.rate)})"
+    for label in s.override_labels:
+        flag += f" ({label})"
     cap = s.capacity or s.slots
     if cap >= rates.UNLIMITED_SLOTS:  # a rate alone: starts are limited, not slots
         return f"{s.name:<20} {s.held} held (no slot limit), {s.waiting} waiting{flag}"
@@ -166,6 +168,10 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"draining: {name} keeps its old capacity until the entries queued before the "
                 f"change are admitted ('manage.py pools drain {name}')"
+            )
+        if report.per_key:
+            self.stdout.write(
+                f"per-key pools given their template's values: {', '.join(report.per_key)}"
             )
         if report.deleted:
             self.stdout.write(f"deleted (removed from settings): {', '.join(report.deleted)}")

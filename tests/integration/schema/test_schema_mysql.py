@@ -88,10 +88,16 @@ def test_schema_mysql__the_old_chain_and_the_squashed_migration_build_one_schema
     run.export_tree(run.PRE_SQUASH, old_tree)
     _migrate(old_tree, DATABASES[0], "--noinput")
     _migrate(run.ROOT, DATABASES[1], "--noinput")
+    later = run.later_migrations()
+    if later:  # the squash is compared at the initial migration: back to it
+        _migrate(run.ROOT, DATABASES[1], "pools", run.INITIAL, "--noinput")
     old, new = _tables(DATABASES[0]), _tables(DATABASES[1])
     assert len(new) == 8, sorted(new)
     differ = {name: (old.get(name), new.get(name)) for name in old.keys() | new.keys()}
     differ = {name: pair for name, pair in differ.items() if pair[0] != pair[1]}
     assert not differ, differ
     plan = _migrate(run.ROOT, DATABASES[0], "--plan")
-    assert "No planned migration operations." in plan, plan
+    # The old chain counts as the initial migration: only the later ones are planned.
+    assert run.planned(plan) == [f"pools.{m}" for m in later], plan
+    if not later:
+        assert "No planned migration operations." in plan, plan
