@@ -62,7 +62,7 @@ class CeleryBridge:
                     self._publish_failed(adm, exc)
 
     def _publish_one(self, app: Celery, producer: Any, adm: Admission, now: datetime) -> None:
-        claim = {CLAIM_HEADER: f"{adm.entry_id}:{adm.token}"}
+        claim: dict[str, Any] = {CLAIM_HEADER: f"{adm.entry_id}:{adm.token}"}
         if adm.options.get(BUDGET_OPTION):
             claim[BUDGET_HEADER] = adm.options[BUDGET_OPTION]
         if adm.options.get(DEBOUNCED_OPTION):

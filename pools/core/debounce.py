@@ -27,7 +27,7 @@ from pools.core.records import (
     Submission,
 )
 from pools.exceptions import PoolConfigurationError
-from pools.models import Demand, EntryState, QueueEntry
+from pools.models import Demand, EntryState, Pool, QueueEntry
 
 #: Rounds of "look up the waiting entry, lock its pools" before giving up (each round only
 #: repeats when the entry found moved to pools this call had not locked).
@@ -83,7 +83,7 @@ def enqueue_debounced(
 def _collapse(
     sub: Submission,
     entry: QueueEntry,
-    pools: dict,  # type: ignore[type-arg]
+    pools: dict[str, Pool],
     now: datetime,
     deadline: datetime | None,
 ) -> None:

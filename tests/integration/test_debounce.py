@@ -230,10 +230,10 @@ def test_concurrent_callers__collapse_into_one_entry(paths: RecordingBridge) -> 
                 try:
                     admission.enqueue(sub)
                     return
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     if connection.vendor != "sqlite" or "locked" not in str(exc.__cause__ or exc):
                         raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(repr(exc))
         finally:
             connection.close()

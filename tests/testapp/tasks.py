@@ -273,7 +273,9 @@ def both_pools(x: int) -> int:
 
 
 @shared_task
-@pooled("warehouse", slots=1, debounce=1.5, debounce_key=lambda path, tenant, x: f"refresh-{tenant}")
+@pooled(
+    "warehouse", slots=1, debounce=1.5, debounce_key=lambda path, tenant, x: f"refresh-{tenant}"
+)
 def debounced_refresh(path: str, tenant: str, x: int) -> dict:
     """Debounced by tenant (docs/howto/debounce.md): append one line per body run to ``path``
     (the independent log of runs) and return what the body got."""
