@@ -73,7 +73,8 @@ def test_pooled__passes_every_option_to_the_spec_and_refuses_unknown_ones() -> N
     assert decorators.spec_of(wrapped) == PoolSpec.build("typed-pool", 2, **options)
     wrapped = pools.pooled("typed-pool", 2, **debounced)(body)
     assert decorators.spec_of(wrapped) == PoolSpec.build("typed-pool", 2, **debounced)
-    assert decorators.spec_of(wrapped).debounce == 2.5
+    spec = decorators.spec_of(wrapped)
+    assert spec is not None and spec.debounce == 2.5
     with pytest.raises(TypeError, match=r"^pooled\(\) got an unexpected keyword argument 'prio'"):
         pools.pooled("typed-pool", prio=3)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"^pooled\(\) too many positional arguments"):

@@ -54,6 +54,16 @@ PREVIOUS = "c82ec861509c224872739d69e4e8177ff90bff26"
 #: (its 18 migrations and stored functions version 7): the schema tests compare a database
 #: that went through that chain with one migrated by this tree.
 PRE_SQUASH = "bf7d954c7e295b5c1b3b67942b622799398dc9a8"
+#: The pools migrations after the squashed initial one (0.1.0): this tree's ``migrate``
+#: applies them, and only them, to a database the old chain built.
+LATER = ["0002_debounce_key"]
+
+
+def planned_pools_migrations(plan: str) -> list[str]:
+    """The pools migrations a ``migrate --plan`` output lists."""
+    import re
+
+    return [m for app, m in re.findall(r"^(\w+)\.(\w+)$", plan, flags=re.M) if app == "pools"]
 DATABASE = "pools_upgrade"
 #: The database of a run on MariaDB/MySQL (``--database mysql``).
 MYSQL_DATABASE = "mdb_upgrade"
