@@ -125,6 +125,7 @@ def test_explain_and_rest__waits_for_quiet_until(paths: RecordingBridge) -> None
     assert place.detail["collapsed_calls"] == 1
     response = client_for("pools.view_pool").get(url(f"entries/{last}/"))
     assert response.status_code == 200, response.content
+    assert response.json()["debounce_key"] == KEY
     (shown,) = response.json()["pools"]
     assert "waits for quiet until" in shown["message"]
     assert shown["detail"]["debounce_key"] == KEY
