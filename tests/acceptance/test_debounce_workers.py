@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pools.models import QueueEntry
 from tests.acceptance.conftest import WORKER_TEST_MARKS
 from tests.factories import make_pool
@@ -35,3 +37,17 @@ def test_burst__one_body_run_with_the_last_arguments_every_result_is_its(
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted((r["tenant"], r["x"]) for r in runs) == [("acme", BURST - 1), ("globex", 99)]
     assert QueueEntry.objects.filter(debounce_key="refresh-acme").count() == 1
+
+
+def test_failed_run__every_collapsed_call_raises_its_exception(
+    celery_workers: Any, tmp_path: Path
+) -> None:
+    celery_workers(count=1, concurrency=2, allow_errors=True)  # the body fails on purpose
+    make_pool("warehouse", 2)
+    log = tmp_path / "runs.jsonl"
+    burst = [debounced_refresh.delay(str(log), "initech", x) for x in (1, 2, -3)]
+    for result in burst:
+        with pytest.raises(ValueError, match="refused x=-3"):
+            result.get(timeout=TIMEOUT)
+    assert [r.state for r in burst] == ["FAILURE"] * 3
+    assert len(log.read_text().splitlines()) == 1

@@ -278,7 +278,9 @@ def both_pools(x: int) -> int:
 )
 def debounced_refresh(path: str, tenant: str, x: int) -> dict:
     """Debounced by tenant (docs/howto/debounce.md): append one line per body run to ``path``
-    (the independent log of runs) and return what the body got."""
+    (the independent log of runs) and return what the body got; a negative ``x`` fails."""
     with open(path, "a") as out:
         out.write(json.dumps({"tenant": tenant, "x": x, "pid": os.getpid()}) + "\n")
+    if x < 0:
+        raise ValueError(f"refused x={x}")
     return {"tenant": tenant, "x": x}
