@@ -22,7 +22,8 @@ Where each part lives: the engine interface :mod:`pools.core.engine` (ORM engine
 job supersession :mod:`pools.core.supersession`; settle, requeue, cancel and expire
 :mod:`pools.core.settling`; calls inside a caller's transaction
 :mod:`pools.core.in_transaction`; many calls in one transaction (fan-out)
-:mod:`pools.core.fanout`. The contract both engines implement is
+:mod:`pools.core.fanout`; debounced calls (one waiting entry per key)
+:mod:`pools.core.debounce`. The contract both engines implement is
 ``docs/concepts/contract.md``.
 """
 
