@@ -18,7 +18,7 @@ from datetime import datetime
 from pools.core import dispatch
 from pools.core.admission_pass import admit_locked, note_due
 from pools.core.enqueueing import demand_rows, enqueue_locked, entry_fields
-from pools.core.locking import locked_pools, unavailable_on_error
+from pools.core.locking import locked_pools, unavailable, unavailable_on_error
 from pools.core.pass_runs import requeue_unpublished
 from pools.core.records import (
     DEBOUNCE_SECONDS_OPTION,
@@ -77,7 +77,8 @@ def enqueue_debounced(
                 step.admissions, step.finished, step.wake, requeue=requeue_unpublished
             )
             return Enqueued(entry_id=entry.queue_id, key=sub.key, admitted=False)
-    raise RuntimeError(f"debounce key {key!r}: its waiting entry kept moving between pools")
+    moving = RuntimeError("its waiting entry kept moving to other pools; try the call again")
+    raise unavailable(f"debounce key {key!r}", moving) from moving
 
 
 def _collapse(
