@@ -264,6 +264,11 @@ class QueueEntry(models.Model):
     fairness_key = models.CharField(
         _("fairness key"), max_length=255, blank=True, default="", db_default=""
     )
+    #: A debounced entry's key (docs/howto/debounce.md): a later call with this key while
+    #: the entry waits collapses into it. NULL when the entry is not debounced.
+    debounce_key = models.CharField(  # noqa: DJ001
+        _("debounce key"), max_length=255, null=True, blank=True
+    )
     #: ``idempotency_key`` while the entry is waiting, admitted or running, else NULL: a
     #: stored generated column with a plain unique index (NULLs never collide), so the
     #: database itself refuses a second unfinished entry with the same key, on PostgreSQL,
@@ -324,6 +329,12 @@ class QueueEntry(models.Model):
                 fields=["job"],
                 name="pools_entry_job",
                 condition=models.Q(job__gt="", finished_at__isnull=True),
+            ),
+            # Waiting debounced entries by key (a debounced call looks for the one to join).
+            models.Index(
+                fields=["debounce_key"],
+                name="pools_entry_debounce",
+                condition=models.Q(debounce_key__isnull=False, finished_at__isnull=True),
             ),
         ]
         constraints = [

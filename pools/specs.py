@@ -33,6 +33,7 @@ CALL_OPTIONS = frozenset(
         "job_key",
         "idempotency_key",
         "fairness_key",
+        "debounce",
         "budget",
     }
 )
@@ -185,6 +186,36 @@ def _validate_priority(value: object) -> int:
     return value
 
 
+def validate_debounce(value: object) -> float | None:
+    """Seconds of quiet a debounced call waits for (a positive number), or ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise PoolConfigurationError(
+            f"debounce must be a positive number of seconds (the quiet time before the one "
+            f"run starts) or None, got {value!r}."
+        )
+    return float(value)
+
+
+def _check_debounce(spec: PoolSpec) -> None:
+    """A debounced spec has a key and no option that also uses the idempotency key."""
+    if spec.debounce is None:
+        return
+    if spec.debounce_key is None and spec.idempotency_key is None:
+        raise PoolConfigurationError(
+            "debounce needs a key: calls with the same key collapse into one run. Give "
+            "@pooled(debounce=..., debounce_key=lambda args, kwargs: ...) or "
+            "pool_options={'debounce': seconds, 'idempotency_key': '<key>'}."
+        )
+    if spec.concurrency_policy != "allow":
+        raise PoolConfigurationError(
+            f"debounce cannot be combined with concurrency_policy="
+            f"{spec.concurrency_policy!r}: a debounced call already collapses with the "
+            f"waiting call of its key. Use one or the other."
+        )
+
+
 def _validate_timeout(value: object) -> float | None:
     if value is None:
         return None
@@ -296,6 +327,12 @@ class PoolSpec:
     cap_rates: dict[str, str] = field(default_factory=dict)
     #: Per call, on the first task of a run: the run's budget (:class:`Budget`).
     budget: Budget | None = None
+    #: Debounce: calls with the same key collapse into one run that starts once the key has
+    #: been quiet this many seconds, with the last call's arguments (``None``: no debounce).
+    debounce: float | None = None
+    #: The debounce key: a callable of the task's arguments (decorator). Per call, the
+    #: ``idempotency_key`` of ``pool_options`` is the key (it wins over this one).
+    debounce_key: KeySource = None
 
     def __post_init__(self) -> None:
         """Check a spec however it was made (``build``, ``replace`` or by hand).
@@ -321,6 +358,9 @@ class PoolSpec:
         validate_policy(self.concurrency_policy)
         _validate_key_source(self.job_key, what="job_key")
         _validate_key_source(self.idempotency_key, what="idempotency_key")
+        _validate_key_source(self.debounce_key, what="debounce_key")
+        object.__setattr__(self, "debounce", validate_debounce(self.debounce))
+        _check_debounce(self)
         object.__setattr__(self, "fairness_key", _validate_fairness_source(self.fairness_key))
         if list(self.demand) != sorted(self.demand) or not isinstance(self.demand, dict):
             object.__setattr__(self, "demand", dict(sorted(self.demand.items())))
@@ -339,6 +379,8 @@ class PoolSpec:
         max_running: int | None = None,
         fairness_key: KeySource | int = None,
         rate: str | float | list[str] | None = None,
+        debounce: float | None = None,
+        debounce_key: KeySource = None,
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec.
 
@@ -350,6 +392,20 @@ class PoolSpec:
         if max_running is not None:
             max_running = positive_int(max_running, what="max_running")
         task_rate = rates_text.normalize(rate, what="@pooled(rate=...)")
+        if debounce_key is not None and debounce is None:
+            raise PoolConfigurationError(
+                "@pooled(debounce_key=...) needs debounce=<seconds> (the quiet time)."
+            )
+        if debounce is not None and idempotency_key is not None:
+            raise PoolConfigurationError(
+                "@pooled(debounce=...) cannot take idempotency_key=...: a debounced call "
+                "collapses with the waiting call of its key instead. Give debounce_key=..."
+            )
+        if debounce is not None and debounce_key is None:
+            raise PoolConfigurationError(
+                "@pooled(debounce=...) needs debounce_key=lambda args, kwargs: '<key>': "
+                "calls with the same key collapse into one run."
+            )
         if pools is None and max_running is None and not task_rate:
             raise PoolConfigurationError(
                 "@pooled needs a pool name, a {pool: slots} dict, max_running=N (a task cap) "
@@ -365,6 +421,8 @@ class PoolSpec:
             job_key=_validate_key_source(job_key, what="job_key"),
             idempotency_key=_validate_key_source(idempotency_key, what="idempotency_key"),
             fairness_key=_validate_fairness_source(fairness_key),
+            debounce=validate_debounce(debounce),
+            debounce_key=_validate_key_source(debounce_key, what="debounce_key"),
         )
 
     @classmethod
@@ -432,6 +490,8 @@ class PoolSpec:
                 if value is None
                 else validate_fairness_key(value, what="pool_options['fairness_key']")
             )
+        if "debounce" in options:
+            changes["debounce"] = validate_debounce(options["debounce"])
         if "budget" in options:
             raw = options["budget"]
             changes["budget"] = None if raw is None else Budget.from_mapping(raw)

@@ -261,7 +261,7 @@ class QueueEntryAdmin(admin.ModelAdmin):
         ("task_name", admin.AllValuesFieldListFilter),
         "origin",
     )
-    search_fields = ("key", "task_name")
+    search_fields = ("key", "task_name", "debounce_key")
     readonly_fields = [f.name for f in QueueEntry._meta.fields]
     actions = ["cancel_entries", "cancel_and_terminate"]
     change_form_template = "pools_admin/entry_change_form.html"

@@ -241,6 +241,10 @@ class EntrySerializer(serializers.Serializer[Any]):
     fairness_key = serializers.CharField(
         help_text="Whom the entry is fair to in pools with strategy fair (empty: none)."
     )
+    debounce_key = serializers.CharField(
+        allow_null=True,
+        help_text="A debounced entry's key (null: not debounced); docs/howto/debounce.md.",
+    )
 
 
 class ExplanationSerializer(EntrySerializer):

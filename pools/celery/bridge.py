@@ -16,9 +16,9 @@ from celery import Celery, current_app
 from django.utils import timezone
 
 from pools.celery import messages, originals, results
-from pools.celery.messages import BUDGET_HEADER, CLAIM_HEADER
+from pools.celery.messages import BUDGET_HEADER, CLAIM_HEADER, DEBOUNCED_HEADER
 from pools.core import admission
-from pools.core.records import BUDGET_OPTION, Admission, Finished
+from pools.core.records import BUDGET_OPTION, DEBOUNCED_OPTION, Admission, Finished
 
 #: The gate's logger, named as before the gate was split.
 logger = logging.getLogger("pools.celery.gate")
@@ -62,9 +62,11 @@ class CeleryBridge:
                     self._publish_failed(adm, exc)
 
     def _publish_one(self, app: Celery, producer: Any, adm: Admission, now: datetime) -> None:
-        claim = {CLAIM_HEADER: f"{adm.entry_id}:{adm.token}"}
+        claim: dict[str, Any] = {CLAIM_HEADER: f"{adm.entry_id}:{adm.token}"}
         if adm.options.get(BUDGET_OPTION):
             claim[BUDGET_HEADER] = adm.options[BUDGET_OPTION]
+        if adm.options.get(DEBOUNCED_OPTION):
+            claim[DEBOUNCED_HEADER] = list(adm.options[DEBOUNCED_OPTION])
         held = messages.held_in(adm.options)
         if held is not None:
             messages.publish(producer, held, extra_headers=claim, queues=app.amqp.queues, now=now)

@@ -29,6 +29,8 @@ class JobFields:
     idempotency_key: str | None = None
     #: Whom the call is fair to in pools with strategy ``fair`` ("" when none).
     fairness_key: str = ""
+    #: A debounced call's key (docs/howto/debounce.md); None when the call is not debounced.
+    debounce_key: str | None = None
 
 
 def job_fields(name: str, args: Any, kwargs: Any, spec: PoolSpec, headers: Any) -> JobFields:
@@ -54,6 +56,23 @@ def job_fields(name: str, args: Any, kwargs: Any, spec: PoolSpec, headers: Any) 
     if len(job) > 255:
         raise PoolConfigurationError(
             f"The job name {job[:60]!r}... is longer than 255 characters: use a shorter job_key."
+        )
+    if spec.debounce is not None:
+        # The call's idempotency_key (pool_options) is its debounce key; else the decorator's.
+        source, what = (
+            (spec.idempotency_key, "idempotency_key")
+            if spec.idempotency_key is not None
+            else (spec.debounce_key, "debounce_key")
+        )
+        debounce_key = resolve_key(source, args, kwargs, what=what)
+        if debounce_key is None:
+            raise PoolConfigurationError(
+                f"The {what} of this debounced call of {name!r} is None: a debounced call "
+                f"needs a key (calls with the same key collapse into one run)."
+            )
+        fairness = resolve_key(spec.fairness_key, args, kwargs, what="fairness_key")
+        return JobFields(
+            job=job, policy=policy, fairness_key=fairness or "", debounce_key=debounce_key
         )
     idempotency = resolve_key(spec.idempotency_key, args, kwargs, what="idempotency_key")
     if idempotency is None and policy == ConcurrencyPolicy.SKIP:

@@ -43,6 +43,9 @@ CALL_OPTION = "pool_options"
 #: Header of a held message naming its job: when the task succeeds, the worker supersedes
 #: the job's queued retries.
 JOB_HEADER = "pools_job"
+#: Header of an admitted debounced entry's message: the task ids of the earlier calls it
+#: collapsed; the worker stores the run's result under each (docs/howto/debounce.md).
+DEBOUNCED_HEADER = "pools_debounced"
 #: Key of the held message inside ``QueueEntry.options``.
 OPTION_KEY = "message"
 #: Format version of the stored form.

@@ -12,15 +12,16 @@ as a failed part of a chord, the way a failing task would.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from celery import current_app
+from celery import current_app, states
 from celery.app.task import Context
 from celery.exceptions import TaskRevokedError
 from celery.utils.functional import maybe_list
 
 from pools.celery import messages
-from pools.core.records import EXPIRES, Finished
+from pools.core.records import DEBOUNCED_OPTION, EXPIRES, Finished
 from pools.exceptions import BudgetExceeded, PoolFull, QueueTimeout
 
 
@@ -63,7 +64,37 @@ def _request(item: Finished) -> Context:
 
 
 def report(item: Finished) -> None:
-    """Store the outcome of one entry that ended while waiting."""
+    """Store the outcome of one entry that ended while waiting (and of the calls a
+    debounced entry collapsed: each gets the same outcome)."""
+    _report(item)
+    for key in collapsed_ids(item.options):
+        _report(replace(item, key=key))
+
+
+def collapsed_ids(options: Any) -> list[str]:
+    """The task ids of the earlier calls a debounced entry collapsed (its options or a
+    request's ``pools_debounced`` header value)."""
+    ids = options.get(DEBOUNCED_OPTION) if isinstance(options, dict) else options
+    return [str(i) for i in ids] if isinstance(ids, list | tuple) else []
+
+
+def mirror(task_id: str, collapsed: Any, state: str | None, retval: Any) -> None:
+    """A debounced run ended: store its result under each call it collapsed.
+
+    ``state`` and ``retval`` are the run's (``task_postrun``). Only final states are
+    mirrored (not ``RETRY``: see docs/howto/debounce.md for retries). A failure is stored
+    as the run's exception, so ``AsyncResult.get()`` raises it for every caller.
+    """
+    ids = collapsed_ids(collapsed)
+    if not ids or state not in states.READY_STATES:
+        return
+    backend = current_app.backend
+    for key in ids:
+        if key != task_id:
+            backend.store_result(key, retval, state)
+
+
+def _report(item: Finished) -> None:
     backend = current_app.backend
     request = _request(item)
     if item.state == "expired" and item.reason == EXPIRES:

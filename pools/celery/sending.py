@@ -258,6 +258,8 @@ def _submission(
         concurrency_policy=fields.policy,
         idempotency_key=fields.idempotency_key,
         fairness_key=fields.fairness_key,
+        debounce=spec.debounce if fields.debounce_key is not None else None,
+        debounce_key=fields.debounce_key,
     )
 
 

@@ -24,7 +24,7 @@ from celery.worker import state as worker_state
 from django.db import connection, connections
 
 from pools import checks, conf
-from pools.celery import default_pool, messages, received
+from pools.celery import default_pool, messages, received, results
 from pools.celery.keeper import body_running, keeper
 from pools.celery.messages import claim_of
 from pools.core import admission, budgets, leases, locking, nodes
@@ -226,6 +226,12 @@ def _settle_after_run(
         _exiting.discard(task_id)
     if claim is None:
         return
+    collapsed = getattr(getattr(sender, "request", None), messages.DEBOUNCED_HEADER, None)
+    if collapsed:
+        try:  # before the settle: a caller that waits on an earlier call sees the result now
+            results.mirror(task_id, collapsed, state, retval)
+        except Exception:
+            logger.exception("%s: could not store its result under the calls it collapsed", task_id)
     lost, expires_at = keeper.release(claim.entry_id)
     if exiting:
         logger.warning(

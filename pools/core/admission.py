@@ -22,14 +22,16 @@ Where each part lives: the engine interface :mod:`pools.core.engine` (ORM engine
 job supersession :mod:`pools.core.supersession`; settle, requeue, cancel and expire
 :mod:`pools.core.settling`; calls inside a caller's transaction
 :mod:`pools.core.in_transaction`; many calls in one transaction (fan-out)
-:mod:`pools.core.fanout`. The contract both engines implement is
+:mod:`pools.core.fanout`; debounced calls (one waiting entry per key)
+:mod:`pools.core.debounce`. The contract both engines implement is
 ``docs/concepts/contract.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 
 from django.utils import timezone
 
@@ -84,11 +86,17 @@ def enqueue(sub: Submission) -> Enqueued:
     worker take the ORM engine on every database (see :func:`pools.pg.engine.handed_to_orm`).
     """
     now = timezone.now()
+    if sub.debounce_key is not None and sub.debounce is not None:
+        # Its quiet time: the run starts no earlier than ``debounce`` seconds from now.
+        quiet = now + timedelta(seconds=sub.debounce)
+        sub = replace(sub, not_before=max(quiet, sub.not_before or quiet))
     deadline = deadline_of(sub, now)
     budgeted = budgets.may_have_budget(sub) and bool(
         sub.spec.budget or budgets.has_budget(budgets.run_id_of(sub))
     )
-    if not budgeted and in_callers_transaction():  # no pool lock until the caller commits
+    if (
+        not budgeted and sub.debounce_key is None and in_callers_transaction()
+    ):  # no pool lock until the caller commits
         written = enqueue_in_callers_transaction(sub, now, deadline)
         if written is not None:
             return written

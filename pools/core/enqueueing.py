@@ -165,6 +165,7 @@ def entry_fields(sub: Submission, now: datetime, deadline: datetime | None) -> d
         pinned_worker=sub.pinned_worker,
         idempotency_key=sub.idempotency_key,
         fairness_key=sub.fairness_key,
+        debounce_key=sub.debounce_key,
     )
 
 

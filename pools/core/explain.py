@@ -51,6 +51,7 @@ from django.utils import timezone
 
 from pools.core import eligibility, spendcap, windows
 from pools.core.line_places import capacity, eta_from, hold_times, mean_hold, position_of
+from pools.core.records import DEBOUNCE_SECONDS_OPTION, DEBOUNCED_OPTION
 from pools.exceptions import EntryNotFound
 from pools.models import Demand, Pool, QueueEntry
 from pools.pool_names import CAP_PREFIXES, gate_rank
@@ -170,18 +171,28 @@ def decide(
     cap = capacity(pool)
     if entry.not_before is not None and (entry.not_before > now or position is None):
         until = entry.not_before
+        detail: dict[str, Any] = {"until": until.isoformat()}
+        message = (
+            f"Not due before {_fmt(until)}: it joins the line of pool {name!r} then."
+            if until > now
+            else f"Due since {_fmt(until)}: it joins the line of pool {name!r} "
+            f"at the next admission pass."
+        )
+        if entry.debounce_key is not None:
+            detail.update(debounce_key=entry.debounce_key, **_debounce_detail(entry))
+            if until > now:
+                message = (
+                    f"Debounced (key {entry.debounce_key!r}): waits for quiet until "
+                    f"{_fmt(until)}; a new call with this key pushes the start later. It "
+                    f"joins the line of pool {name!r} then."
+                )
         return PoolPlace(
             pool=name,
             slots=slots,
             position=None,
             blocked_by="not_before",
-            message=(
-                f"Not due before {_fmt(until)}: it joins the line of pool {name!r} then."
-                if until > now
-                else f"Due since {_fmt(until)}: it joins the line of pool {name!r} "
-                f"at the next admission pass."
-            ),
-            detail={"until": until.isoformat()},
+            message=message,
+            detail=detail,
             eta=max(until, now),
         )
     eta = eta_from(mean_hold(view.holds), cap, position, now)
@@ -389,6 +400,15 @@ def explain(entry: QueueEntry, *, now: datetime | None = None) -> Explanation:
             head = Demand.objects.line(d.pool_id).select_related("entry").first()
         places.append(_as_cap(decide(view, entry, d.slots, position, head, now)))
     return Explanation(entry=entry, places=mark_blocked_by_other_pool(places))
+
+
+def _debounce_detail(entry: QueueEntry) -> dict[str, Any]:
+    """A debounced entry's quiet time and how many earlier calls it collapsed."""
+    options = entry.options if isinstance(entry.options, dict) else {}
+    return {
+        "quiet_seconds": options.get(DEBOUNCE_SECONDS_OPTION),
+        "collapsed_calls": len(options.get(DEBOUNCED_OPTION) or []),
+    }
 
 
 def _as_cap(place: PoolPlace) -> PoolPlace:

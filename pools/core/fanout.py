@@ -85,7 +85,7 @@ def batchable(subs: Sequence[Submission]) -> bool:
         return False
     runs: set[str] = set()
     for sub in subs:
-        if sub.attempt or supersedes(sub) or sub.spec.budget is not None:
+        if sub.attempt or supersedes(sub) or sub.spec.budget is not None or sub.debounce_key:
             return False
         if budgets.may_have_budget(sub):
             runs.add(budgets.run_id_of(sub))

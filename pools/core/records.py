@@ -20,6 +20,11 @@ EXPIRES = "expired"
 QUEUE_TIMEOUT = "queue_timeout"
 #: ``reason`` of a waiting entry ended because its run spent a budget.
 BUDGET = "budget"
+#: Key in an entry's ``options`` listing the Celery task ids of the earlier calls a debounced
+#: entry collapsed (each gets the run's result: docs/howto/debounce.md).
+DEBOUNCED_OPTION = "debounced"
+#: Key in an entry's ``options``: the debounce seconds of the entry (explain reads it).
+DEBOUNCE_SECONDS_OPTION = "debounce_seconds"
 #: Key in an entry's ``options`` naming its run when the run has a budget: the message is
 #: published with the ``pools_budget`` header, so the worker measures its task seconds.
 BUDGET_OPTION = "budget_run"
@@ -73,11 +78,21 @@ class Submission:
     pinned_worker: str = ""
     #: Whom the entry is fair to in pools with strategy ``fair`` (empty: the keyless group).
     fairness_key: str = ""
+    #: Debounce: seconds of quiet before the one run of ``debounce_key`` starts (None: none).
+    debounce: float | None = None
+    #: Calls with this key collapse into one waiting entry (docs/howto/debounce.md).
+    debounce_key: str | None = None
 
     @property
     def plain(self) -> bool:
-        """No job, policy, key or pinned worker: the ordinary submit (the PostgreSQL fast path's case)."""
-        return not self.job and self.idempotency_key is None and not self.pinned_worker
+        """No job, policy, key, pinned worker or debounce: the ordinary submit (the
+        PostgreSQL fast path's case)."""
+        return (
+            not self.job
+            and self.idempotency_key is None
+            and not self.pinned_worker
+            and self.debounce_key is None
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,7 +40,7 @@ def handed_to_orm(
     """The one rule by which the PostgreSQL engine hands work to the ORM engine.
 
     Before an enqueue (``sub``): a submit that is not plain (a job, a policy, an
-    idempotency key, a pinned worker) or of a run with a budget (``budgeted``) is the ORM
+    idempotency key, a pinned worker, a debounce key) or of a run with a budget (``budgeted``) is the ORM
     engine's whole call. After a call (``reply``): a ``policy`` refusal (a pool's paused,
     draining or overflow policy decides; the function wrote nothing) is too; each
     ``fallback`` row names a pool whose admission pass the ORM engine runs after commit

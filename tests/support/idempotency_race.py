@@ -25,6 +25,8 @@ class Child:
     pool: str
     key: str
     skip_job: str = ""
+    #: Submit a debounced call with ``key`` as its debounce key (docs/howto/debounce.md).
+    debounce: bool = False
 
 
 def _setup(cfg: Child) -> None:
@@ -55,9 +57,12 @@ def child_main(cfg: Child, barrier: Any, out: Any) -> None:
             key=f"race-{cfg.index}",
             task_name="tests.race",
             spec=PoolSpec.build(cfg.pool),
+            args=[cfg.index],
             job=cfg.skip_job,
             concurrency_policy="skip" if cfg.skip_job else "allow",
-            idempotency_key=cfg.key,
+            idempotency_key=None if cfg.debounce else cfg.key,
+            debounce=30.0 if cfg.debounce else None,
+            debounce_key=cfg.key if cfg.debounce else None,
         )
         barrier.wait(timeout=120)
         done = admission.enqueue(sub)
@@ -67,7 +72,7 @@ def child_main(cfg: Child, barrier: Any, out: Any) -> None:
 
 
 def run(
-    *, processes: int, pools: list[str], key: str, skip_job: str = ""
+    *, processes: int, pools: list[str], key: str, skip_job: str = "", debounce: bool = False
 ) -> list[tuple[int, str, bool, str]]:
     """Start ``processes`` children (pools assigned round robin), return their reports."""
     from django.conf import settings
@@ -85,6 +90,7 @@ def run(
             pool=pools[i % len(pools)],
             key=key,
             skip_job=skip_job,
+            debounce=debounce,
         )
         p = ctx.Process(target=child_main, args=(cfg, barrier, out), name=f"race-{i}")
         p.start()

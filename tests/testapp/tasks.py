@@ -270,3 +270,17 @@ def per_tenant(tenant_id: int, n: int = 0) -> int:
 def both_pools(x: int) -> int:
     """One slot of ``warehouse`` and one of ``partner-api`` (the fan-out tests)."""
     return x
+
+
+@shared_task
+@pooled(
+    "warehouse", slots=1, debounce=1.5, debounce_key=lambda path, tenant, x: f"refresh-{tenant}"
+)
+def debounced_refresh(path: str, tenant: str, x: int) -> dict:
+    """Debounced by tenant (docs/howto/debounce.md): append one line per body run to ``path``
+    (the independent log of runs) and return what the body got; a negative ``x`` fails."""
+    with open(path, "a") as out:
+        out.write(json.dumps({"tenant": tenant, "x": x, "pid": os.getpid()}) + "\n")
+    if x < 0:
+        raise ValueError(f"refused x={x}")
+    return {"tenant": tenant, "x": x}

@@ -25,6 +25,7 @@ def test_handed_to_orm__a_submit_that_is_not_plain_or_budgeted_is_the_orm_engine
     assert handed_to_orm(sub=submit(job="nightly")).call
     assert handed_to_orm(sub=submit(idempotency_key="order-1")).call
     assert handed_to_orm(sub=submit(pinned_worker="w1@host")).call
+    assert handed_to_orm(sub=submit(debounce=5.0, debounce_key="tenant-7")).call
     assert handed_to_orm(sub=submit(), budgeted=True).call
 
 

@@ -60,13 +60,21 @@ def test_pooled__passes_every_option_to_the_spec_and_refuses_unknown_ones() -> N
         "fairness_key": "tenant",
         "rate": "5/s",
     }
-    assert set(options) | {"pools", "slots"} == set(inspect.signature(PoolSpec.build).parameters)
+    # Debounce excludes a policy other than allow and an idempotency key: its own call.
+    debounced: dict[str, Any] = {"debounce": 2.5, "debounce_key": job, "rate": "5/s"}
+    assert set(options) | set(debounced) | {"pools", "slots"} == set(
+        inspect.signature(PoolSpec.build).parameters
+    )
 
     def body() -> None:
         pass
 
     wrapped = pools.pooled("typed-pool", 2, **options)(body)
     assert decorators.spec_of(wrapped) == PoolSpec.build("typed-pool", 2, **options)
+    wrapped = pools.pooled("typed-pool", 2, **debounced)(body)
+    assert decorators.spec_of(wrapped) == PoolSpec.build("typed-pool", 2, **debounced)
+    spec = decorators.spec_of(wrapped)
+    assert spec is not None and spec.debounce == 2.5
     with pytest.raises(TypeError, match=r"^pooled\(\) got an unexpected keyword argument 'prio'"):
         pools.pooled("typed-pool", prio=3)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"^pooled\(\) too many positional arguments"):

@@ -23,7 +23,18 @@ pytestmark = [pytest.mark.redis, pytest.mark.upgrade]
 
 #: The sabotage's delta and its migration (paths in the copied tree).
 DELTA = Path("pools") / "pg" / "sql" / "deltas" / "0.1.1_contract_now.sql"
-MIGRATION = Path("pools") / "migrations" / "0002_contract_now.py"
+MIGRATION = Path("pools") / "migrations" / "9998_contract_now.py"
+
+
+def _leaf(tree: Path) -> str:
+    """The latest pools migration of ``tree`` (a new one depends on it)."""
+    migrations = tree / "pools" / "migrations"
+    return sorted(m.stem for m in migrations.glob("[0-9][0-9][0-9][0-9]_*.py"))[-1]
+
+
+#: What this tree's ``migrate`` applies to the previous release's database before any
+#: migration a sabotage adds.
+LATER = [f"pools.{name}" for name in run.later_migrations()]
 
 
 @pytest.fixture(autouse=True)
@@ -76,10 +87,11 @@ def test_rolling_upgrade__self_test_a_contract_in_the_same_step_is_caught(tmp_pa
     schema = sqlfile.read("schema.sql")
     dropped = sqlfile.drop_all(sqlfile.created_functions(schema))
     (tree / DELTA).write_text(schema.replace(old, new) + dropped)
+    leaf = _leaf(tree)
     (tree / MIGRATION).write_text(
         "from django.db import migrations\n\nfrom pools.pg import sqlfile\n\n\n"
         "class Migration(migrations.Migration):\n"
-        '    dependencies = [("pools", "0001_release_0_1_0")]\n'
+        f'    dependencies = [("pools", "{leaf}")]\n'
         f'    operations = [sqlfile.run("deltas/{DELTA.name}")]\n'
     )
     constant = tree / "pools" / "pg" / "functions.py"
@@ -89,7 +101,7 @@ def test_rolling_upgrade__self_test_a_contract_in_the_same_step_is_caught(tmp_pa
         text.replace(f"VERSION = {functions.VERSION}\n", f"VERSION = {functions.VERSION + 1}\n")
     )
     figures = run.run(workdir=tmp_path / "run", new=tree)
-    assert figures.planned == ["pools.0002_contract_now"], figures.planned
+    assert figures.planned == [*LATER, "pools.9998_contract_now"], figures.planned
     assert figures.refused, figures
     enqueue = functions.name("enqueue")  # the previous release's: this tree's version
     assert any(enqueue in line for line in figures.refused), figures.refused[:3]
@@ -122,10 +134,9 @@ def test_rolling_upgrade__on_mariadb_self_test_a_not_null_column_is_caught(
     assert anchor in text
     models.write_text(text.replace(anchor, NOT_NULL_FIELD + anchor, 1))
     migrations = tree / "pools" / "migrations"
-    leaf = sorted(m.stem for m in migrations.glob("[0-9][0-9][0-9][0-9]_*.py"))[-1]
-    (migrations / "9999_not_null_tenant.py").write_text(NOT_NULL_MIGRATION.format(leaf=leaf))
+    (migrations / "9999_not_null_tenant.py").write_text(NOT_NULL_MIGRATION.format(leaf=_leaf(tree)))
     figures = run.run(workdir=tmp_path / "run", new=tree, database="mysql")
-    assert figures.planned == ["pools.9999_not_null_tenant"], figures.planned
+    assert figures.planned == [*LATER, "pools.9999_not_null_tenant"], figures.planned
     assert any("tenant" in line for line in figures.refused), figures.refused[:3]
     print(f"\nsabotaged deploy on MariaDB: {len(figures.refused)} of {figures.calls} calls refused")
 

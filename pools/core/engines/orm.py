@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from pools import conf
 from pools.core import events, locking, pass_runs, settling
+from pools.core.debounce import enqueue_debounced
 from pools.core.enqueueing import enqueue_with_locks
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.models import QueueEntry
@@ -32,7 +33,10 @@ class OrmEngine:
     def enqueue(
         self, sub: Submission, now: datetime, deadline: datetime | None, *, budgeted: bool
     ) -> Enqueued:
-        """Enqueue under the pools' locks (the run's first when ``budgeted``)."""
+        """Enqueue under the pools' locks (the run's first when ``budgeted``); a debounced
+        submit collapses into the waiting entry of its key (:mod:`pools.core.debounce`)."""
+        if sub.debounce_key is not None:
+            return enqueue_debounced(sub, now, deadline, budgeted=budgeted)
         return enqueue_with_locks(sub, now, deadline, budgeted=budgeted)
 
     def start(self, entry_id: int, token: int, *, worker: str) -> Claim | None:

@@ -41,3 +41,17 @@ def test_skip_from_many_processes__one_entry_of_the_job() -> None:
     assert sum(1 for r in reports if r[2]) == 1
     assert len({r[1] for r in reports}) == 1
     assert QueueEntry.objects.filter(job="nightly").count() == 1
+
+
+def test_debounce_from_many_processes__one_waiting_entry_that_collapsed_every_call() -> None:
+    """Debounced calls of one key from many processes at once (docs/howto/debounce.md)."""
+    make_pool("race-a", 1)
+    reports = idempotency_race.run(
+        processes=PROCESSES, pools=["race-a"], key="tenant-7", debounce=True
+    )
+    assert [r[3] for r in reports if r[3]] == []
+    (entry,) = QueueEntry.objects.all()
+    ids = sorted(f"race-{i}" for i in range(PROCESSES))
+    assert sorted([*entry.options["debounced"], entry.key]) == ids
+    assert entry.args == [int(entry.key.split("-")[1])]  # the last call's arguments
+    assert (entry.state, entry.debounce_key) == ("waiting", "tenant-7")
