@@ -167,6 +167,7 @@ test-mariadb: install
 		tests/integration/checks/test_checks_mysql.py \
 		tests/integration/core/test_unavailable_reasons.py tests/integration/core/test_contention.py \
 		tests/integration/core/test_enqueue_in_transaction.py tests/integration/celery/test_fanout.py \
+		tests/integration/core/test_debounce.py tests/integration/core/test_per_key_overrides.py \
 		tests/unit/test_service_requirement.py \
 		$(MARIADB_ACCEPTANCE)
 
