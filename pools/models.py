@@ -38,8 +38,16 @@ class EntryState(models.TextChoices):
 #: State of a :class:`Demand` row (not of an entry) whose entry waits for its ``not_before``:
 #: such an entry is not in line and blocks nothing until it is due.
 DELAYED = "delayed"
-#: Choices of ``Demand.state``: an entry's state, or ``delayed``.
-DEMAND_STATES = [*EntryState.choices, (DELAYED, _("delayed (not yet due)"))]
+#: State of a :class:`Demand` row whose entry has settled while another transaction held
+#: the pool's row lock: the entry's slots are still in the pool's ``held`` counter, and
+#: the next holder of the pool's lock releases them (``docs/concepts/contention.md``).
+RELEASING = "releasing"
+#: Choices of ``Demand.state``: an entry's state, ``delayed`` or ``releasing``.
+DEMAND_STATES = [
+    *EntryState.choices,
+    (DELAYED, _("delayed (not yet due)")),
+    (RELEASING, _("settled, slots not yet released")),
+]
 
 #: States whose entries hold slots (the claim).
 HELD_STATES = (EntryState.ADMITTED, EntryState.RUNNING)

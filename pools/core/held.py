@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.models import Case, F, Value, When
 
-from pools.models import Pool, QueueEntry
+from pools.models import RELEASING, Demand, Pool, QueueEntry
 
 
 def held_by_pool(pools: dict[int, Pool]) -> dict[int, int]:
@@ -65,3 +65,42 @@ def change_held(
 
 
 # --------------------------------------------------------------------------- admission pass
+
+
+def release_pending(pools: dict[str, Pool]) -> int:
+    """Release the slots of entries that settled while another transaction held these
+    (now locked) pools: their ``releasing`` demand rows leave the ``held`` counters and take
+    their entry's final state. Returns how many rows were released.
+
+    Run by every holder of pools' row locks right after it takes them
+    (:func:`pools.core.locking.locked_pools`), so a pool's ``held`` is exact under its lock.
+    One index range scan (``pools_demand_line``) when nothing is owed.
+    """
+    if not pools:
+        return 0
+    by_id = {p.pk: p for p in pools.values()}
+    rows = list(
+        Demand.objects.filter(pool_id__in=list(by_id), state=RELEASING).values_list(
+            "pk", "pool_id", "slots", "entry__state"
+        )
+    )
+    if not rows:
+        return 0
+    changes: dict[str, int] = {}
+    by_state: dict[str, list[int]] = {}
+    for pk, pool_id, slots, state in rows:
+        name = by_id[pool_id].name
+        changes[name] = changes.get(name, 0) + slots
+        by_state.setdefault(state, []).append(pk)
+    Pool.objects.filter(pk__in=[pools[n].pk for n in changes]).update(
+        held=F("held")
+        - Case(
+            *(When(pk=pools[n].pk, then=Value(slots)) for n, slots in changes.items()),
+            default=Value(0),
+        )
+    )
+    for name, slots in changes.items():
+        pools[name].held -= slots
+    for state, pks in by_state.items():
+        Demand.objects.filter(pk__in=pks).update(state=state)
+    return len(rows)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -415,13 +415,126 @@ def update_by_primary_key(queryset: QuerySet[Any], **values: Any) -> int:
         return QuerySet.update(rows, **values)
 
 
+#: What runs after a transaction that held pools' row locks has ended (the post-commit
+#: re-check of :mod:`pools.core.pass_runs`, which registers it with :func:`on_released`:
+#: it runs passes, so this module cannot import it). Called with the names of the pools
+#: the transaction held.
+_released: list[Callable[[list[str]], None]] = []
+
+
+def on_released(recheck: Callable[[list[str]], None]) -> None:
+    """Register what runs after each transaction holding pools' locks has ended."""
+    _released[:] = [recheck]
+
+
+#: What runs right after pools' row locks are taken: the release of slots owed by
+#: entries that settled while another transaction held them
+#: (:func:`pools.core.held.release_pending`, registered by :mod:`pools.core.pass_runs`:
+#: importing it here would close an import cycle through the models).
+_locked: list[Callable[[dict[str, Pool]], object]] = []
+
+
+def on_locked(release: Callable[[dict[str, Pool]], object]) -> None:
+    """Register what runs right after pools' row locks are taken."""
+    _locked[:] = [release]
+
+
+def release_pending(pools: dict[str, Pool]) -> None:
+    """Run the registered :func:`on_locked` hook over the pools just locked."""
+    if _locked and pools:
+        _locked[0](pools)
+
+
+def combining() -> bool:
+    """True when a settler that finds a pool row locked leaves its release to the holder
+    (``SELECT ... FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8, MariaDB 10.6+).
+
+    SQLite serializes writers: nobody holds a pool row while another writes, so nothing
+    is combined there (``docs/concepts/contention.md``).
+    """
+    return connection.vendor != "sqlite" and bool(
+        connection.features.has_select_for_update_skip_locked
+    )
+
+
 @contextmanager
-def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
+def _holding(names: list[str], *, recheck: bool) -> Iterator[None]:
+    """Run the post-release re-check over ``names`` once the block's transaction has ended.
+
+    A transaction of its own: right after it (committed or rolled back). Inside a caller's
+    transaction: on its commit (a caller's rollback leaves the owed release to the next
+    holder of the pools, at the latest the sweep's pass).
+    """
+    if not (recheck and names and _released and combining()):
+        yield
+        return
+    if connection.in_atomic_block:
+        transaction.on_commit(lambda: _released[0](names))
+        yield
+        return
+    try:
+        yield
+    finally:
+        _released[0](names)
+
+
+@contextmanager
+def locked_pools(names: Iterable[str], *, recheck: bool = True) -> Iterator[dict[str, Pool]]:
     """Open a bounded transaction holding the row locks of ``names`` (in name order).
 
+    Slots of entries that settled while another transaction held these rows are
+    released first (:func:`pools.core.held.release_pending`), so the ``held`` counters are
+    exact under the locks; after the transaction, the pools are re-checked for releases
+    committed meanwhile (:func:`on_released`; ``recheck=False``: the caller does it).
     Database errors and lock timeouts surface as :class:`PoolUnavailable`.
     """
     wanted = sorted(set(names))
-    with bounded(f"pools {', '.join(wanted)}"):
+    with _holding(wanted, recheck=recheck), bounded(f"pools {', '.join(wanted)}"):
         pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
-        yield {p.name: p for p in pools}
+        locked = {p.name: p for p in pools}
+        if combining():
+            release_pending(locked)
+        yield locked
+
+
+@contextmanager
+def pools_if_free(
+    names: Iterable[str], *, recheck: bool = True
+) -> Iterator[tuple[dict[str, Pool], set[str]]]:
+    """A bounded transaction holding the row locks of those of ``names`` no other
+    transaction holds (``FOR UPDATE SKIP LOCKED``): yields ``(locked pools, skipped names)``.
+
+    It never waits for a pool row, so it cannot deadlock whatever the order. Skipped
+    pools are another transaction's: that holder re-checks them after it ends
+    (``docs/concepts/contention.md``). Where :func:`combining` is false it waits, as
+    :func:`locked_pools` (nothing is skipped). Pending releases of the locked pools are
+    released first, as in :func:`locked_pools`; names of no pool are neither.
+    """
+    wanted = sorted(set(names))
+    if not combining():
+        with locked_pools(wanted, recheck=recheck) as pools:
+            yield pools, set()
+        return
+    locked: dict[str, Pool] = {}
+    with _holding_later(locked, recheck=recheck), bounded(f"pools {', '.join(wanted)}"):
+        rows = Pool.objects.select_for_update(skip_locked=True).filter(name__in=wanted)
+        locked.update({p.name: p for p in rows.order_by("name")})
+        skipped = set(wanted) - set(locked)
+        if skipped:  # skipped rows, or names of no pool: only the former are another's
+            skipped &= set(Pool.objects.filter(name__in=skipped).values_list("name", flat=True))
+        release_pending(locked)
+        yield locked, skipped
+
+
+@contextmanager
+def _holding_later(locked: dict[str, Pool], *, recheck: bool) -> Iterator[None]:
+    """:func:`_holding` over the pools ``locked`` holds when the block ends."""
+    try:
+        yield
+    finally:
+        if recheck and locked and _released:
+            names = sorted(locked)
+            if connection.in_atomic_block:
+                transaction.on_commit(lambda: _released[0](names))
+            else:
+                _released[0](names)

@@ -14,14 +14,20 @@ from django.utils import timezone
 
 from pools.core import dispatch, spendcap
 from pools.core.admission_pass import PassResult, admit_locked
-from pools.core.locking import locked_pools
+from pools.core.held import release_pending
+from pools.core.locking import locked_pools, on_locked, on_released, pools_if_free
 from pools.core.records import Admission, Finished
-from pools.models import EntryState, Pool, QueueEntry
+from pools.models import RELEASING, Demand, EntryState, Pool, QueueEntry
 
 logger = logging.getLogger("pools.core.admission")
 
 #: Bound on follow-up passes when a multi-pool head needs pools that were not locked.
 MAX_PASSES = 4
+
+#: Bound on the rounds of :func:`release_owed` in one call: a holder that keeps finding
+#: releases owed (settlers keep committing while it holds the locks) hands the rest to a
+#: wake-up after this many rounds instead of running passes forever.
+MAX_OWED_ROUNDS = 64
 
 #: What puts an admission whose message never reached the broker back in line (the
 #: requeue of :mod:`pools.core.settling`, which registers it with :func:`on_unpublished`:
@@ -159,3 +165,51 @@ def end_waiting(
         follow_up(needs)
         count += len(entries)
     return count
+
+
+# --------------------------------------------------------------------------- combining
+
+
+def owed(names: Iterable[str]) -> set[str]:
+    """Those of ``names`` with a release owed: a ``releasing`` demand row (an entry that
+    settled while another transaction held the pool's lock). One index lookup."""
+    names = list(names)
+    if not names:
+        return set()
+    return set(
+        Demand.objects.filter(pool__name__in=names, state=RELEASING)
+        .values_list("pool__name", flat=True)
+        .distinct()
+    )
+
+
+def release_owed(names: Iterable[str]) -> None:
+    """After a transaction that held ``names``' locks has ended: while a release is owed
+    in those pools, take their locks if free, release and run the admission pass.
+
+    Why no wake-up is lost (``docs/concepts/contention.md``): a settler commits its
+    ``releasing`` rows *before* it tries the pool's lock (:func:`settle_owed`); if that try
+    finds the lock held, the holder's transaction ends after it, and this check runs after
+    that: it reads the committed rows. A pool whose lock is held again here is that next
+    holder's to re-check. Failures are logged and left to a wake-up (the settle stands).
+    """
+    todo = set(names)
+    try:
+        for _ in range(MAX_OWED_ROUNDS):
+            todo = owed(todo)
+            if not todo:
+                return
+            with pools_if_free(todo, recheck=False) as (pools, _skipped):
+                needs = admit_in(pools, timezone.now()) if pools else set()
+            follow_up(needs)
+            todo = set(pools)  # skipped pools are their holder's to re-check
+        if owed(todo):
+            admit_later(todo, RuntimeError(f"releases still owed after {MAX_OWED_ROUNDS} passes"))
+    except Exception as exc:
+        admit_later(todo, exc)
+
+
+#: Every transaction holding pools' locks (``pools.core.locking``) ends with this re-check.
+on_released(release_owed)
+#: ...and every one starts by releasing the slots owed in the pools it locked.
+on_locked(release_pending)

@@ -16,20 +16,29 @@ from django.db import transaction
 from django.db.models import Case, Value, When
 from django.utils import timezone
 
-from pools.core import budgets, dispatch, events, spendcap
+from pools.core import budgets, dispatch, events, locking, spendcap
 from pools.core.ending import expire_entries, finish_waiting
 from pools.core.held import change_held
-from pools.core.locking import locked_pools, unavailable_on_error
-from pools.core.pass_runs import admit_in, admit_later, end_waiting, follow_up, on_unpublished
+from pools.core.locking import locked_pools, pools_if_free, unavailable_on_error
+from pools.core.pass_runs import (
+    admit_in,
+    admit_later,
+    end_waiting,
+    follow_up,
+    on_unpublished,
+    release_owed,
+)
 from pools.core.records import BUDGET, Admission
 from pools.core.supersession import supersede_retries
 from pools.exceptions import EntryNotFound, NotCancellable
 from pools.models import (
     HELD_STATES,
+    RELEASING,
     ConcurrencyPolicy,
     Demand,
     EntryState,
     EventKind,
+    Pool,
     QueueEntry,
 )
 
@@ -47,6 +56,10 @@ def settle_with_locks(
         entry = QueueEntry.objects.filter(pk=entry_id).only("demand", "job").first()
     if entry is None:
         return False
+    if locking.combining():
+        combined = _settle_combining(entry, entry_id, token, outcome, reason, live_lease)
+        if combined is not None:
+            return combined
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
         claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES)
@@ -71,6 +84,56 @@ def settle_with_locks(
     if changed:
         follow_up(needs | forbid_waiters(entry.job, pools))
     return bool(changed)
+
+
+def _settle_combining(
+    entry: QueueEntry, entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
+) -> bool | None:
+    """Settle without waiting for a pool row another transaction holds (PostgreSQL,
+    MySQL/MariaDB: ``docs/concepts/contention.md``).
+
+    One transaction takes the locks of the entry's pools that are free (``SKIP LOCKED``)
+    and settles the entry: in those pools as :func:`settle_with_locks` does; in the others
+    its demand rows become ``releasing`` (its slots stay in their ``held`` counters). After
+    that has committed, the skipped pools' locks are tried again
+    (:func:`pools.core.pass_runs.release_owed`): a pool still held is left to its holder,
+    which re-checks for owed releases after its transaction ends. ``None`` (nothing written)
+    when a skipped pool has a spend cap: the spend is added under its lock, so the caller
+    settles waiting for it.
+    """
+    now = timezone.now()
+    needs: set[str] = set()
+    with pools_if_free(entry.demand) as (pools, skipped):
+        if skipped and Pool.objects.filter(name__in=skipped, spend_cap__isnull=False).exists():
+            return None
+        claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=HELD_STATES)
+        if live_lease:
+            claim = claim.filter(lease_expires_at__gte=now)
+        terminating = When(reason=TERMINATING, then=Value(EntryState.CANCELLED.value))
+        changed = claim.update(
+            state=Case(terminating, default=Value(outcome)),
+            reason=Case(When(reason=TERMINATING, then=Value("revoked")), default=Value(reason)),
+            finished_at=now,
+            lease_expires_at=None,
+        )
+        if changed:
+            entry.refresh_from_db(fields=["key", "token", "demand", "state", "admitted_at"])
+            spendcap.add_spend(pools, entry, now)
+            rows = Demand.objects.filter(entry_id=entry_id)
+            if skipped:
+                rows.filter(pool__name__in=sorted(skipped)).update(state=RELEASING)
+                rows = rows.exclude(pool__name__in=sorted(skipped))
+            rows.update(state=entry.state)
+            change_held(pools, [entry], -1)
+            events.transition(EventKind.SETTLED, [entry], at=now, detail={"outcome": entry.state})
+            if pools:
+                needs = admit_in(pools, now)
+    if not changed:
+        return False
+    if skipped:  # committed: now try their locks again, or leave them to their holders
+        release_owed(skipped)
+    follow_up(needs | forbid_waiters(entry.job, entry.demand))
+    return True
 
 
 def forbid_waiters(job: str, locked: Iterable[str]) -> set[str]:
