@@ -359,6 +359,9 @@ class ChildConfig:
     fast_path: bool = True
     #: Self-test of the checker only: the ORM path's admission ignores held slots here.
     sabotage: bool = False
+    #: Self-test of the lost wake-up count: no post-commit re-check for releases owed
+    #: (neither the lock holder's nor the settler's second try; docs/concepts/contention.md).
+    no_recheck: bool = False
 
 
 def _setup_django(cfg: ChildConfig) -> None:
@@ -474,6 +477,11 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
 
     if cfg.sabotage:
         admission_pass.held_by_pool = lambda pools: {}
+    if cfg.no_recheck:  # neither the holder nor the settler looks again after its commit
+        from pools.core import locking, settling
+
+        locking._released[:] = [lambda names: None]
+        settling.release_owed = lambda names: None  # type: ignore[assignment]
     stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec
@@ -503,6 +511,7 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
                 key=f"conc-{cfg.index}-{left}", task_name="tests.contention", spec=spec
             )
             res = _retrying(stats, "enqueue", admission.enqueue, sub)
+            rec.record("enqueue", res.entry_id, None, demand)
             stats.submitted += 1
             stats.admitted_on_enqueue += int(res.admitted)
             left -= 1
@@ -528,6 +537,7 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
                 rec.record("end", queue_id, token, demand)
             if not _retrying(stats, "settle", admission.settle, queue_id, token, "succeeded"):
                 raise AssertionError(f"settle({queue_id}, {token}) refused a fresh claim")
+            rec.record("settled", queue_id, token, demand)
             stats.settled += 1
             worked = True
             break
@@ -632,6 +642,43 @@ class Result:
         """Peak slots of started (running) entries per pool: start .. end only."""
         return sweep(self.events, key="seq", opening=("start",))
 
+    def idle_waits(self, longer_than: float = 0.1) -> list[str]:
+        """Moments an entry waited longer than ``longer_than`` seconds with every slot of
+        both pools free (:func:`tests.chaos.check.idle_waits`): lost wake-ups.
+
+        By the monotonic clock: a wait runs from its ``enqueue`` record to its ``admit``
+        (or ``start``) record, a hold from that record to its ``settled`` record (after
+        ``settle`` returned, so the slot was free by then), the run's ``stop`` record ends
+        whatever is still open.
+        """
+        from tests.chaos.check import Span
+        from tests.chaos.check import idle_waits as find
+
+        enq: dict[int, tuple[int, dict[str, int]]] = {}
+        opened: dict[int, int] = {}
+        closed: dict[int, int] = {}
+        end = max((e.mono for e in self.events), default=0)
+        for e in self.events:
+            if e.entry is None:
+                continue
+            if e.kind == "enqueue":
+                enq[e.entry] = (e.mono, e.demand)
+            elif e.kind in {"admit", "start"}:
+                opened[e.entry] = min(e.mono, opened.get(e.entry, e.mono))
+            elif e.kind == "settled":
+                closed[e.entry] = e.mono
+        s = 1e-9
+        waits = [
+            Span(demand=d, since=at * s, until=opened[i] * s if i in opened else None, entry=i)
+            for i, (at, d) in enq.items()
+        ]
+        holds = [
+            Span(demand=enq[i][1], since=at * s, until=closed[i] * s if i in closed else None)
+            for i, at in opened.items()
+            if i in enq
+        ]
+        return find(waits, holds, self.capacity, end=end * s, longer_than=longer_than)
+
     def count(self, kind: str) -> Counter[int | None]:
         """How many events of ``kind`` each entry has."""
         return Counter(e.entry for e in self.events if e.kind == kind)
@@ -665,6 +712,7 @@ class Result:
             f"capacity {self.capacity}: {self.elapsed:.2f}s ({rate:.0f} entries/s); "
             f"peak held {self.max_held} (clock: {self.max_held_by_clock}, "
             f"running: {self.max_running}); "
+            f"lost wake-ups (waits > 100 ms, every slot free) {len(self.idle_waits())}, "
             f"admitted on enqueue {sum(c.admitted_on_enqueue for c in self.children)}, "
             f"lost claims {sum(c.lost_claims for c in self.children)}, "
             f"polls {sum(c.polls for c in self.children)}, "
@@ -683,6 +731,7 @@ def run(
     seed: int = 1,
     sabotage: bool = False,
     fast_path: bool | None = None,
+    no_recheck: bool = False,
 ) -> Result:
     """Run the contention scenario against the current default database.
 
@@ -746,6 +795,7 @@ def run(
                 run_seconds=max(1.0, timeout - 10),
                 sabotage=sabotage and not fast_path,
                 fast_path=fast_path,
+                no_recheck=no_recheck,
             )
             p = ctx.Process(target=child_main, args=(cfg, barrier, out), name=f"contention-{i}")
             p.start()
@@ -778,6 +828,7 @@ def run(
         out.close()
         out.join_thread()
         try:
+            recorder.record("stop", None, None, {})
             events = recorder.events()
             states = dict(
                 QueueEntry.objects.values_list("state").annotate(n=Count("pk")).order_by()

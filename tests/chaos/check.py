@@ -242,3 +242,78 @@ def readmission_allowance(kinds: Iterable[str], concurrency: int) -> int | None:
             return None
         total += per * (concurrency if kind == "sigkill" else 1)
     return total
+
+
+# --------------------------------------------------------------------------- lost wake-ups
+
+
+@dataclass(frozen=True)
+class Span:
+    """An entry waiting (enqueued .. admitted) or holding slots (admitted .. released), with
+    the pools it names. ``until`` None: still so when the record ends."""
+
+    demand: dict[str, int]
+    since: float
+    until: float | None
+    entry: int | None = None
+
+
+def idle_waits(
+    waits: Iterable[Span],
+    holds: Iterable[Span],
+    pools: Iterable[str],
+    *,
+    end: float,
+    longer_than: float = 0.1,
+) -> list[str]:
+    """Moments when an entry waited longer than ``longer_than`` (seconds) while every slot
+    of every pool was free: a lost wake-up (an admission owed and nobody running it).
+
+    Every pool idle is the condition, not only the waiting entry's pools: the recorder
+    does not know the line's order, and a head naming a busy pool legitimately blocks an
+    idle one. With every pool idle any due head fits, so some admission is owed. Records
+    are written after the fact (a wait opens after its enqueue returned, a hold closes
+    after its settle returned and opens when its admission was recorded): each recorded
+    hold lies inside or around the real one, so the one error is an admission recorded
+    late, and the threshold (100 ms) is far above that lag. At one instant, what ends
+    idleness (a hold opens, a wait ends) counts first: a tie never makes a moment idle.
+    """
+    names = set(pools)
+    points: list[tuple[float, int, str, dict[str, int]]] = []
+    for w in waits:
+        until = end if w.until is None else w.until
+        if until > w.since:
+            points.append((w.since, 1, "wait+", w.demand))
+            points.append((until, 0, "wait-", w.demand))
+    for h in holds:
+        until = end if h.until is None else h.until
+        if until > h.since:
+            points.append((h.since, 0, "hold+", h.demand))
+            points.append((until, 1, "hold-", h.demand))
+    points.sort(key=lambda p: (p[0], p[1]))
+    held: dict[str, int] = defaultdict(int)
+    waiting = 0
+    found: list[str] = []
+    idle_since: float | None = None
+
+    def idle() -> bool:
+        return waiting > 0 and all(held[n] <= 0 for n in names)
+
+    for at, _order, kind, demand in points:
+        if kind == "wait+":
+            waiting += 1
+        elif kind == "wait-":
+            waiting -= 1
+        else:
+            for pool, slots in demand.items():
+                held[pool] += slots if kind == "hold+" else -slots
+        if idle():
+            if idle_since is None:
+                idle_since = at
+        elif idle_since is not None:
+            if at - idle_since > longer_than:
+                found.append(f"an entry waited {at - idle_since:.3f}s with every slot free")
+            idle_since = None
+    if idle_since is not None and end - idle_since > longer_than:
+        found.append(f"an entry waited {end - idle_since:.3f}s with every slot free, to the end")
+    return found

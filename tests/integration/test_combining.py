@@ -145,7 +145,7 @@ def test_settle__multi_pool_entry_releases_the_free_pool_now_and_the_held_one_la
         )
         assert states == {"a": EntryState.SUCCEEDED, "b": RELEASING}
     assert recorder.keys() == ["both", "in-a", "in-b"]
-    assert set(Pool.objects.filter(name__in="ab").values_list("name", "held")) == {
+    assert set(Pool.objects.filter(name__in=["a", "b"]).values_list("name", "held")) == {
         ("a", 1),
         ("b", 1),
     }

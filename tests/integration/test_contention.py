@@ -144,6 +144,9 @@ def test_contention__never_oversubscribes_under_many_processes(path: str) -> Non
     assert result.max_held["conc-a"] == CAPACITY["conc-a"], result.max_held
     assert result.max_held["conc-b"] >= 2, result.max_held
 
+    # No wake-up was lost: never did an entry wait over 100 ms with every slot free.
+    assert not result.idle_waits(), result.idle_waits()
+
     # Exactly one admission, one start and one end per entry, in the recorder.
     entries = set(QueueEntry.objects.values_list("queue_id", flat=True))
     assert len(entries) == ENTRIES
@@ -170,6 +173,54 @@ def test_contention__never_oversubscribes_under_many_processes(path: str) -> Non
 
 
 # --------------------------------------------------------------------------- lost wake-ups
+
+
+def test_idle_waits__counts_a_wait_with_every_slot_free() -> None:
+    from tests.chaos.check import Span, idle_waits
+
+    holds = [
+        Span(demand={"a": 1}, since=0.0, until=1.0),
+        Span(demand={"b": 1}, since=0.5, until=2.0),
+    ]
+    # Waits while a or b is busy: none counted; from 2.0 to 2.5 every slot is free.
+    waits = [Span(demand={"a": 1}, since=0.2, until=2.5, entry=7)]
+    assert idle_waits(waits, holds, ["a", "b"], end=3.0) == [
+        "an entry waited 0.500s with every slot free"
+    ]
+    assert idle_waits(waits, holds, ["a", "b"], end=3.0, longer_than=0.6) == []
+    # Admitted at once when b ended (a tie ends the idle moment): nothing.
+    assert idle_waits([Span(demand={"a": 1}, since=0.2, until=2.0)], holds, "ab", end=3.0) == []
+    # Never admitted: counted to the end of the record.
+    assert idle_waits([Span(demand={"a": 1}, since=0.2, until=None)], holds, "ab", end=3.0) == [
+        "an entry waited 1.000s with every slot free"
+    ]
+
+
+@pytest.mark.skipif(
+    os.environ.get("POOLS_TEST_DB", "sqlite") == "sqlite",
+    reason="SQLite serializes writers: settles never combine, nothing is owed to a holder",
+)
+def test_contention__lost_wake_ups_are_counted_without_the_holders_recheck(path: str) -> None:
+    """Sabotage twin of the lost wake-up count: nobody re-checks for releases owed after
+    a commit (neither the pool lock's holder nor the settler's second try,
+    docs/concepts/contention.md); entries then wait with every slot free until the next
+    holder happens by, and the recorder's count sees it."""
+    if path == "sql":
+        pytest.skip("the stored functions wait for the pool row: nothing is left to a holder")
+    result = contention.run(
+        fast_path=False,
+        entries=400,
+        processes=PROCESSES,
+        pools=CAPACITY,
+        timeout=TIMEOUT,
+        seed=5,
+        stall_seconds=3.0,  # a lost wake-up stalls the run: stop soon
+        no_recheck=True,
+    )
+    print(f"\n(no re-check) {result.summary()}")
+    assert result.idle_waits(), "without the holders' re-check a wake-up must be lost"
+
+
 # A multi-pool head can only be admitted by a pass that locks all its pools. Every
 # service that frees a line's head must then run the follow-up pass; otherwise the entry
 # waits, with its pools idle, until the next sweep.
