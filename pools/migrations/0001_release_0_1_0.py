@@ -25,7 +25,7 @@ from pools.pg import sqlfile
 
 #: The file of ``pools/pg/sql/`` this migration runs on PostgreSQL (pinned by checksum in
 #: tests/unit/test_sql_versions.py).
-BASELINE = "schema.sql"
+BASELINE = "baseline-0.1.0.sql"
 
 
 class Migration(migrations.Migration):

@@ -11,13 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db import transaction
 from django.utils import timezone
 
 from pools import conf
 from pools.core import dispatch, events, settling
 from pools.core.engines.orm import OrmEngine
 from pools.core.enqueueing import shown
-from pools.core.pass_runs import admit_after_settle, admit_later, follow_up, requeue_unpublished
+from pools.core.pass_runs import (
+    admit_after_settle,
+    admit_later,
+    follow_up,
+    release_owed,
+    requeue_unpublished,
+)
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.exceptions import DemandExceedsCapacity, PoolFull, UnknownPool
 from pools.pg import fastpath, functions
@@ -156,6 +163,7 @@ def _enqueue_in_one_call(
     if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
         raise RuntimeError(f"{functions.name('enqueue')} returned neither refused nor enqueued")
     admissions = _on_commit(reply)
+    _recheck(set(spec.demand), reply)
     admissions += follow_up(set(handoff.pools))
     return Enqueued(
         entry_id=enqueued.entry,
@@ -208,6 +216,9 @@ def _settle_in_one_call(
     if settled is None:
         return False
     _on_commit(reply)
+    # Committed: the pools whose lock another transaction held (owed) are tried again,
+    # the ones it held are re-checked for releases others left it meanwhile.
+    _recheck(set(settled.demand or {}), reply)
     job = (settled.detail or {}).get("job", "")
     # As settle() on the ORM path: one pass over the pools the function left to Python
     # (the pass settle() runs under its locks), then one follow-up over the pools that
@@ -222,3 +233,16 @@ def _settle_in_one_call(
         needs = set()
     follow_up(needs | settling.forbid_waiters(job, settled.demand or {}))
     return True
+
+
+def _recheck(names: set[str], reply: fastpath.Reply) -> None:
+    """After a function call that locked ``names`` has committed: release what is owed
+    there (:func:`pools.core.pass_runs.release_owed`; ``docs/concepts/contention.md``).
+
+    A call inside a caller's transaction re-checks when that commits (a rollback leaves
+    the owed releases to the pools' next lock holder, at the latest the sweep).
+    """
+    if not reply.committed and transaction.get_connection().in_atomic_block:
+        transaction.on_commit(lambda: release_owed(names))
+    else:
+        release_owed(names)

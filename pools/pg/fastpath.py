@@ -121,6 +121,12 @@ class Reply:
         return {r.pool for r in self.of("fallback") if r.pool}
 
     @property
+    def owed(self) -> set[str]:
+        """Pools whose lock another transaction held during a settle: the entry's slots
+        there are left to that holder (``docs/concepts/contention.md``)."""
+        return {r.pool for r in self.of("owed") if r.pool}
+
+    @property
     def wake(self) -> dict[str, datetime]:
         """Pools with a delayed entry due later or a rate window closed: when to run
         admission again (the earlier time when a pool has both)."""

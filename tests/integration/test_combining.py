@@ -7,8 +7,9 @@ settles the pool's only holder: the settle must return without waiting, its slot
 by the holder's post-release re-check. The sabotage twin removes that re-check: the entry
 then waits with the pool's slot free (a lost wake-up), which the proof must see.
 
-ORM engine on PostgreSQL and MySQL/MariaDB (``SKIP LOCKED``); SQLite serializes writers
-and does not combine, so these tests are skipped there.
+Both engines on PostgreSQL (the settle function and the ORM engine), the ORM engine on
+MySQL/MariaDB (``SKIP LOCKED``); SQLite serializes writers and does not combine, so these
+tests are skipped there.
 """
 
 from __future__ import annotations
@@ -23,16 +24,16 @@ from pytest_django import Settings
 from pools.core import admission, locking
 from pools.models import RELEASING, Demand, EntryState, Pool, QueueEntry
 from tests.bridge import RecordingBridge
-from tests.conftest import POOL_APPS
+from tests.conftest import POOL_APPS, _admission_paths
 from tests.factories import make_pool, submit
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=POOL_APPS)
 
 
-@pytest.fixture(autouse=True)
-def orm_engine(settings: Settings) -> None:
-    """The ORM engine (the stored functions do not combine yet)."""
-    settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": False}
+@pytest.fixture(autouse=True, params=_admission_paths())
+def engine(request: pytest.FixtureRequest, settings: Settings) -> None:
+    """Both engines: the stored functions (PostgreSQL) and the ORM engine."""
+    settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": request.param == "sql"}
     if not locking.combining():
         pytest.skip(f"{connection.vendor} serializes writers: nothing to combine")
 

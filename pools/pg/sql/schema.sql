@@ -1,8 +1,9 @@
 -- django-celery-pools: the PostgreSQL fast path of pools.admission (the current schema).
 --
--- This file holds the current stored functions. The initial migration runs it on a new
--- database; from 0.1.0 on, a change is also written as a delta (deltas/README.md and
--- docs/howto/sql-changes.md). The version suffix of the names (_v7) is VERSION in
+-- This file holds the current stored functions. A new database gets the 0.1.0 baseline
+-- (baseline-0.1.0.sql, run by the initial migration) and then each delta; from 0.1.0 on,
+-- a change is written here and as a delta (deltas/README.md and
+-- docs/howto/sql-changes.md). The version suffix of the names (_v8) is VERSION in
 -- pools/pg/functions.py; Python code calls the functions through functions.name().
 --
 -- The contract both paths implement is docs/concepts/contract.md. These functions are
@@ -51,6 +52,15 @@
 --   full backlog has an overflow policy other than 'reject', writes nothing and returns
 --   'refused' with reason 'policy': the caller then enqueues on the Python path.
 --
+-- Combining under contention (docs/concepts/contention.md, version 8). Settle takes the
+-- locks of its pools that are free (FOR UPDATE SKIP LOCKED) and never waits for one:
+-- in a pool another transaction holds, its demand row becomes 'releasing' (its slots stay
+-- in the pool's held counter) and it returns an 'owed' row naming the pool. Every function
+-- that locks pools first releases the slots of their 'releasing' rows
+-- (pools_release_v8), so held is exact under the locks. After the call commits, the
+-- caller re-checks the pools for releases owed (the settler's second try, and the
+-- holder's re-check: pools/core/pass_runs.py, release_owed).
+--
 -- Comments inside the function bodies are part of the stored functions: they stay as
 -- shipped (a database that ran an older migration chain has them too).
 
@@ -65,7 +75,9 @@
 --   wake      o_pool, o_at (when its next delayed entry is due, or its rate window opens;
 --             a pool may have both: the caller takes the earlier)
 --   event     o_event, o_event_kind, o_at, o_pool, o_entry, o_key, o_token, o_detail
-CREATE OR REPLACE FUNCTION pools_out_v7(
+--   owed      o_pool (settle: a pool whose lock another transaction held; the entry's
+--             slots there are released by that pool's next lock holder)
+CREATE OR REPLACE FUNCTION pools_out_v8(
     kind text, entry bigint DEFAULT NULL, key text DEFAULT NULL, token bigint DEFAULT NULL,
     pool text DEFAULT NULL, task text DEFAULT NULL, args jsonb DEFAULT NULL,
     kwargs jsonb DEFAULT NULL, options jsonb DEFAULT NULL, demand jsonb DEFAULT NULL,
@@ -81,10 +93,27 @@ LANGUAGE sql IMMUTABLE AS $$
            asked, lim, at, event, event_kind, detail
 $$;
 
+-- Release the slots of entries that settled while another transaction held the (now
+-- locked) pools p_pools: their 'releasing' demand rows take their entry's state, and
+-- leave the pools' held counters. One index range scan (pools_demand_line) when none.
+CREATE OR REPLACE FUNCTION pools_release_v8(p_pools bigint[])
+RETURNS void
+LANGUAGE sql AS $$
+    WITH released AS (
+        UPDATE pools_demand d SET state = e.state
+          FROM pools_queueentry e
+         WHERE d.pool_id = ANY(p_pools) AND d.state = 'releasing'
+           AND e.queue_id = d.entry_id
+        RETURNING d.pool_id, d.slots)
+    UPDATE pools_pool p SET held = p.held - r.slots
+      FROM (SELECT pool_id, sum(slots) AS slots FROM released GROUP BY pool_id) r
+     WHERE p.id = r.pool_id
+$$;
+
 -- Admit simple heads of the (already locked) pools p_pools; returns one 'admitted' row
 -- per admission, one 'fallback' row per pool whose head needs the full pass, one 'wake'
 -- row per pool with a delayed entry due later, and (p_events) the events written.
-CREATE OR REPLACE FUNCTION pools_admit_v7(
+CREATE OR REPLACE FUNCTION pools_admit_v8(
     p_pools bigint[], p_now timestamptz, p_lease double precision, p_events boolean)
 RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
               o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
@@ -119,7 +148,7 @@ BEGIN
             -- A daily spend cap (pools_pool.spend_cap, migration 0016), paused or not: the
             -- Python pass adds a settled attempt's slot-seconds, then decides with the
             -- day's spend (pools/core/spendcap.py).
-            RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+            RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
             CONTINUE;
         END IF;
         v_next := r.next_due_at;
@@ -128,7 +157,7 @@ BEGIN
         IF r.next_due_at IS NOT NULL AND r.next_due_at <= p_now THEN
             IF r.strategy = 'fair' THEN
                 -- Due entries of a fair pool get their rounds on the Python pass.
-                RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
                 CONTINUE;
             END IF;
             UPDATE pools_demand d SET state = 'waiting'
@@ -144,7 +173,7 @@ BEGIN
                           AND d2.enqueued_at <= p_now)
             THEN
                 -- Multi-pool (or very many) due entries: the full pass moves them.
-                RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
                 CONTINUE;
             END IF;
             UPDATE pools_pool p SET next_due_at = (
@@ -154,12 +183,12 @@ BEGIN
             RETURNING p.next_due_at INTO v_next;
         END IF;
         IF v_next IS NOT NULL THEN
-            RETURN QUERY SELECT * FROM pools_out_v7('wake', pool => r.name::text, at => v_next);
+            RETURN QUERY SELECT * FROM pools_out_v8('wake', pool => r.name::text, at => v_next);
         END IF;
         CONTINUE WHEN r.paused;
         IF r.pending_slots IS NOT NULL THEN
             -- Draining after a capacity change: the Python pass decides (and ends the drain).
-            RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+            RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
             CONTINUE;
         END IF;
         -- Slots held in this pool (sabotage marker for tests/contention.py: keep this line).
@@ -195,7 +224,7 @@ BEGIN
                OR (SELECT count(*) FROM jsonb_object_keys(h.demand)) > 1
                OR h.pinned_worker <> ''
                OR (h.concurrency_policy = 'forbid' AND h.job <> '') THEN
-                RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
                 EXIT;
             END IF;
             EXIT WHEN h.slots > v_free;  -- the head waits for all its slots: no backfill
@@ -212,7 +241,7 @@ BEGIN
                 END LOOP;
                 IF v_opens IS NOT NULL THEN
                     -- Held back by a rate: the head blocks its line until the window opens.
-                    RETURN QUERY SELECT * FROM pools_out_v7(
+                    RETURN QUERY SELECT * FROM pools_out_v8(
                         'wake', pool => r.name::text, at => v_opens + v_offset);
                     EXIT;
                 END IF;
@@ -232,11 +261,11 @@ BEGIN
                 RAISE EXCEPTION 'pools: admission raced on entry % (lock order broken)', h.entry_id;
             END IF;
             UPDATE pools_demand SET state = 'admitted' WHERE entry_id = h.entry_id;
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'admitted', entry => a.queue_id, key => a.key, token => a.token,
                 pool => r.name::text, task => a.task, args => a.args, kwargs => a.kwargs,
                 options => a.options);
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'event', entry => a.queue_id, key => a.key, token => a.token,
                 pool => r.name::text, at => p_now, event_kind => 'admitted',
                 detail => jsonb_build_object('slots', h.slots))
@@ -259,9 +288,11 @@ $$;
 
 -- Settle a held attempt (compare-and-set on its token) and admit the next entries.
 -- Returns nothing when the token is stale, the entry settled already, or (p_live)
--- its lease has lapsed; otherwise one 'settled' row, its events, then pools_admit_v7's rows.
--- The terminate mark (reason 'terminating') is read under the pool locks, in the UPDATE.
-CREATE OR REPLACE FUNCTION pools_settle_v7(
+-- its lease has lapsed; otherwise one 'settled' row, its events, one 'owed' row per pool
+-- whose lock another transaction held (not waited for: its slots are that holder's to
+-- release), then pools_admit_v8's rows over the pools it locked.
+-- The terminate mark (reason 'terminating') is read in the UPDATE of the entry's row.
+CREATE OR REPLACE FUNCTION pools_settle_v8(
     p_entry bigint, p_token bigint, p_outcome text, p_reason text, p_live boolean,
     p_now timestamptz, p_lease double precision, p_events boolean, p_lock_ms integer)
 RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
@@ -281,10 +312,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT array_agg(l.id) INTO v_pools FROM (
+    -- The free ones only: a lock held by another transaction is not waited for.
+    SELECT COALESCE(array_agg(l.id), '{}') INTO v_pools FROM (
         SELECT p.id FROM pools_pool p
          WHERE p.name IN (SELECT jsonb_object_keys(v_demand))
-         ORDER BY p.name FOR UPDATE) l;
+         ORDER BY p.name FOR UPDATE SKIP LOCKED) l;
+    PERFORM pools_release_v8(v_pools);
     -- cancel(terminate=True) marked it: the attempt ends as a cancellation.
     UPDATE pools_queueentry e
        SET state = CASE WHEN e.reason = 'terminating' THEN 'cancelled' ELSE p_outcome END,
@@ -296,26 +329,31 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    UPDATE pools_demand SET state = v_state WHERE entry_id = p_entry;
+    UPDATE pools_demand d
+       SET state = CASE WHEN d.pool_id = ANY(v_pools) THEN v_state ELSE 'releasing' END
+     WHERE d.entry_id = p_entry;
     UPDATE pools_pool p SET held = p.held - (v_demand ->> p.name)::int
      WHERE p.id = ANY(v_pools);
-    RETURN QUERY SELECT * FROM pools_out_v7(
+    RETURN QUERY SELECT * FROM pools_out_v8(
         'settled', entry => p_entry, key => v_key, token => p_token, demand => v_demand,
         state => v_state,
         detail => CASE WHEN v_job <> '' THEN jsonb_build_object('job', v_job) END);
-    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v7(
+    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v8(
         'event', entry => p_entry, key => v_key, token => p_token, pool => d.key,
         at => p_now, event_kind => 'settled',
         detail => jsonb_build_object('slots', d.value::int, 'outcome', v_state)) o
       WHERE p_events;
-    RETURN QUERY SELECT * FROM pools_admit_v7(v_pools, p_now, p_lease, p_events);
+    RETURN QUERY SELECT o.* FROM pools_pool p, pools_out_v8('owed', pool => p.name::text) o
+      WHERE p.name IN (SELECT jsonb_object_keys(v_demand)) AND NOT (p.id = ANY(v_pools))
+      ORDER BY p.name;
+    RETURN QUERY SELECT * FROM pools_admit_v8(v_pools, p_now, p_lease, p_events);
 END
 $$;
 
 -- Start an admitted entry (admitted -> running, compare-and-set on its token) and log it.
 -- Returns one 'started' row (the entry's demand and lease end) and its events, or nothing
 -- when the token is stale or the entry is pinned to another worker (node affinity). All times come from the caller's clock (p_now).
-CREATE OR REPLACE FUNCTION pools_start_v7(
+CREATE OR REPLACE FUNCTION pools_start_v8(
     p_entry bigint, p_token bigint, p_worker text, p_now timestamptz, p_lease double precision,
     p_events boolean, p_lock_ms integer)
 RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
@@ -344,10 +382,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM pools_out_v7(
+    RETURN QUERY SELECT * FROM pools_out_v8(
         'started', entry => p_entry, key => v_key, token => p_token, demand => v_demand,
         at => v_until);
-    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v7(
+    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v8(
         'event', entry => p_entry, key => v_key, token => p_token, pool => d.key,
         at => p_now, event_kind => 'started',
         detail => jsonb_build_object('slots', d.value::int, 'worker', v_worker)) o
@@ -360,8 +398,8 @@ $$;
 -- precedence: the first unknown pool (by name), else the first pool (by name) whose
 -- capacity is below the demand, else ('policy') the first pool (by name) that is paused
 -- with paused_policy 'reject' or draining, else the first pool (by name) whose backlog
--- reached max_queued ('full', or 'policy' when its overflow policy drops an entry). Otherwise one 'enqueued' row, its events, then pools_admit_v7's rows.
-CREATE OR REPLACE FUNCTION pools_enqueue_v7(
+-- reached max_queued ('full', or 'policy' when its overflow policy drops an entry). Otherwise one 'enqueued' row, its events, then pools_admit_v8's rows.
+CREATE OR REPLACE FUNCTION pools_enqueue_v8(
     p_key text, p_task text, p_args jsonb, p_kwargs jsonb, p_options jsonb, p_demand jsonb,
     p_priority integer, p_now timestamptz, p_not_before timestamptz, p_deadline timestamptz,
     p_origin text, p_root text, p_parent text, p_attempt integer,
@@ -386,16 +424,17 @@ BEGIN
               ORDER BY p.name FOR UPDATE LOOP
         v_pools := v_pools || r.id;
     END LOOP;
+    PERFORM pools_release_v8(v_pools);
     SELECT min(k) INTO v_unknown FROM jsonb_object_keys(p_demand) k
      WHERE k NOT IN (SELECT p.name FROM pools_pool p WHERE p.id = ANY(v_pools));
     IF v_unknown IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM pools_out_v7('refused', pool => v_unknown, reason => 'unknown');
+        RETURN QUERY SELECT * FROM pools_out_v8('refused', pool => v_unknown, reason => 'unknown');
         RETURN;
     END IF;
     FOR r IN SELECT p.name, p.slots, (p_demand ->> p.name)::int AS asked
                FROM pools_pool p WHERE p.id = ANY(v_pools) ORDER BY p.name LOOP
         IF r.asked > r.slots THEN
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'refused', pool => r.name::text, reason => 'capacity', asked => r.asked::bigint,
                 lim => r.slots::bigint);
             RETURN;
@@ -406,7 +445,7 @@ BEGIN
               WHERE p.id = ANY(v_pools)
                 AND ((p.paused AND p.paused_policy = 'reject') OR p.pending_slots IS NOT NULL)
               ORDER BY p.name LIMIT 1 LOOP
-        RETURN QUERY SELECT * FROM pools_out_v7('refused', pool => r.name::text, reason => 'policy');
+        RETURN QUERY SELECT * FROM pools_out_v8('refused', pool => r.name::text, reason => 'policy');
         RETURN;
     END LOOP;
     FOR r IN SELECT p.id, p.name, p.max_queued, p.overflow, (p_demand ->> p.name)::int AS asked
@@ -417,7 +456,7 @@ BEGIN
                  WHERE d.pool_id = r.id AND d.state IN ('waiting', 'delayed')
                  LIMIT r.max_queued) w) >= r.max_queued THEN
             -- A full backlog that drops an entry instead: the Python path does it.
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'refused', pool => r.name::text,
                 reason => CASE WHEN r.overflow = 'reject' THEN 'full' ELSE 'policy' END,
                 asked => r.asked::bigint, lim => r.max_queued::bigint);
@@ -462,13 +501,13 @@ BEGIN
         UPDATE pools_pool p SET next_due_at = LEAST(COALESCE(p.next_due_at, p_not_before), p_not_before)
          WHERE p.id = ANY(v_pools);
     END IF;
-    RETURN QUERY SELECT * FROM pools_out_v7(
+    RETURN QUERY SELECT * FROM pools_out_v8(
         'enqueued', entry => v_entry, key => p_key, token => 0::bigint);
-    RETURN QUERY SELECT o.* FROM jsonb_each(p_demand) d, pools_out_v7(
+    RETURN QUERY SELECT o.* FROM jsonb_each(p_demand) d, pools_out_v8(
         'event', entry => v_entry, key => p_key, token => 0::bigint, pool => d.key,
         at => p_now, event_kind => 'enqueued',
         detail => jsonb_build_object('slots', d.value::int)) o
       WHERE p_events;
-    RETURN QUERY SELECT * FROM pools_admit_v7(v_pools, p_now, p_lease, p_events);
+    RETURN QUERY SELECT * FROM pools_admit_v8(v_pools, p_now, p_lease, p_events);
 END
 $$;
