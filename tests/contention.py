@@ -479,9 +479,11 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
         admission_pass.held_by_pool = lambda pools: {}
     if cfg.no_recheck:  # neither the holder nor the settler looks again after its commit
         from pools.core import locking, settling
+        from pools.pg import engine
 
         locking._released[:] = [lambda names: None]
         settling.release_owed = lambda names: None  # type: ignore[assignment]
+        engine.release_owed = lambda names: None  # type: ignore[assignment]
     stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec

@@ -457,25 +457,33 @@ def combining() -> bool:
     )
 
 
-@contextmanager
-def _holding(names: list[str], *, recheck: bool) -> Iterator[None]:
-    """Run the post-release re-check over ``names`` once the block's transaction has ended.
+class _Recheck:
+    """The post-release re-check of one transaction holding pools' locks (once)."""
 
-    A transaction of its own: right after it (committed or rolled back). Inside a caller's
-    transaction: on its commit (a caller's rollback leaves the owed release to the next
-    holder of the pools, at the latest the sweep's pass).
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.done = False
+
+    def __call__(self) -> None:
+        if not self.done:
+            self.done = True
+            _released[0](self.names)
+
+
+def _schedule_recheck(names: list[str], *, recheck: bool) -> _Recheck | None:
+    """Register the re-check over ``names`` to run when the current transaction commits,
+    first among its after-commit work (before publishing: owed admissions wait for it).
+
+    Called inside the transaction, right after its locks are taken. The caller runs the
+    returned re-check after the transaction in any case (a rollback: then it runs there;
+    a caller's transaction around it that rolls back leaves the owed release to the
+    pools' next lock holder, at the latest the sweep's pass).
     """
     if not (recheck and names and _released and combining()):
-        yield
-        return
-    if connection.in_atomic_block:
-        transaction.on_commit(lambda: _released[0](names))
-        yield
-        return
-    try:
-        yield
-    finally:
-        _released[0](names)
+        return None
+    check = _Recheck(names)
+    transaction.on_commit(check)
+    return check
 
 
 @contextmanager
@@ -489,12 +497,19 @@ def locked_pools(names: Iterable[str], *, recheck: bool = True) -> Iterator[dict
     Database errors and lock timeouts surface as :class:`PoolUnavailable`.
     """
     wanted = sorted(set(names))
-    with _holding(wanted, recheck=recheck), bounded(f"pools {', '.join(wanted)}"):
-        pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
-        locked = {p.name: p for p in pools}
-        if combining():
-            release_pending(locked)
-        yield locked
+    outermost = not connection.in_atomic_block
+    check: _Recheck | None = None
+    try:
+        with bounded(f"pools {', '.join(wanted)}"):
+            pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
+            locked = {p.name: p for p in pools}
+            if combining():
+                release_pending(locked)
+            check = _schedule_recheck(wanted, recheck=recheck)
+            yield locked
+    finally:
+        if check is not None and outermost:
+            check()
 
 
 @contextmanager
@@ -515,26 +530,21 @@ def pools_if_free(
         with locked_pools(wanted, recheck=recheck) as pools:
             yield pools, set()
         return
-    locked: dict[str, Pool] = {}
-    with _holding_later(locked, recheck=recheck), bounded(f"pools {', '.join(wanted)}"):
-        rows = Pool.objects.select_for_update(skip_locked=True).filter(name__in=wanted)
-        locked.update({p.name: p for p in rows.order_by("name")})
-        skipped = set(wanted) - set(locked)
-        if skipped:  # skipped rows, or names of no pool: only the former are another's
-            skipped &= set(Pool.objects.filter(name__in=skipped).values_list("name", flat=True))
-        release_pending(locked)
-        yield locked, skipped
-
-
-@contextmanager
-def _holding_later(locked: dict[str, Pool], *, recheck: bool) -> Iterator[None]:
-    """:func:`_holding` over the pools ``locked`` holds when the block ends."""
+    outermost = not connection.in_atomic_block
+    check: _Recheck | None = None
     try:
-        yield
+        with bounded(f"pools {', '.join(wanted)}"):
+            rows = Pool.objects.select_for_update(skip_locked=True).filter(name__in=wanted)
+            locked = {p.name: p for p in rows.order_by("name")}
+            skipped = set(wanted) - set(locked)
+            if skipped:  # skipped rows, or names of no pool: only the former are another's
+                names_of_pools = Pool.objects.filter(name__in=skipped).values_list(
+                    "name", flat=True
+                )
+                skipped &= set(names_of_pools)
+            release_pending(locked)
+            check = _schedule_recheck(sorted(locked), recheck=recheck)
+            yield locked, skipped
     finally:
-        if recheck and locked and _released:
-            names = sorted(locked)
-            if connection.in_atomic_block:
-                transaction.on_commit(lambda: _released[0](names))
-            else:
-                _released[0](names)
+        if check is not None and outermost:
+            check()

@@ -24,11 +24,6 @@ logger = logging.getLogger("pools.core.admission")
 #: Bound on follow-up passes when a multi-pool head needs pools that were not locked.
 MAX_PASSES = 4
 
-#: Bound on the rounds of :func:`release_owed` in one call: a holder that keeps finding
-#: releases owed (settlers keep committing while it holds the locks) hands the rest to a
-#: wake-up after this many rounds instead of running passes forever.
-MAX_OWED_ROUNDS = 64
-
 #: What puts an admission whose message never reached the broker back in line (the
 #: requeue of :mod:`pools.core.settling`, which registers it with :func:`on_unpublished`:
 #: a requeue runs a pass, so this module cannot import it).
@@ -188,14 +183,17 @@ def release_owed(names: Iterable[str]) -> None:
     in those pools, take their locks if free, release and run the admission pass.
 
     Why no wake-up is lost (``docs/concepts/contention.md``): a settler commits its
-    ``releasing`` rows *before* it tries the pool's lock (:func:`settle_owed`); if that try
+    ``releasing`` rows *before* it tries the pool's lock again (this function, after its commit); if that try
     finds the lock held, the holder's transaction ends after it, and this check runs after
     that: it reads the committed rows. A pool whose lock is held again here is that next
     holder's to re-check. Failures are logged and left to a wake-up (the settle stands).
+
+    Each round releases what other settlers committed meanwhile, so the loop runs only as
+    long as they keep settling in these pools while it holds their locks; it never waits.
     """
     todo = set(names)
     try:
-        for _ in range(MAX_OWED_ROUNDS):
+        while todo:
             todo = owed(todo)
             if not todo:
                 return
@@ -203,8 +201,6 @@ def release_owed(names: Iterable[str]) -> None:
                 needs = admit_in(pools, timezone.now()) if pools else set()
             follow_up(needs)
             todo = set(pools)  # skipped pools are their holder's to re-check
-        if owed(todo):
-            admit_later(todo, RuntimeError(f"releases still owed after {MAX_OWED_ROUNDS} passes"))
     except Exception as exc:
         admit_later(todo, exc)
 

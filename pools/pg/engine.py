@@ -27,6 +27,7 @@ from pools.core.pass_runs import (
 )
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.exceptions import DemandExceedsCapacity, PoolFull, UnknownPool
+from pools.models import QueueEntry
 from pools.pg import fastpath, functions
 
 
@@ -125,7 +126,37 @@ def _enqueue_in_one_call(
     ORM engine then runs it.
     """
     spec = sub.spec
-    reply = fastpath.call(
+    try:
+        reply = _enqueue_call(sub, now, deadline)
+    finally:  # the call held the pools' locks, whatever it answered: first, re-check them
+        _recheck(set(spec.demand), None)
+    handoff = handed_to_orm(reply=reply)
+    if handoff.call:
+        return None
+    refused = reply.first("refused")
+    if refused is not None:
+        pool = refused.pool or ""
+        if refused.reason == "unknown":
+            raise UnknownPool(pool)
+        if refused.reason == "capacity":
+            raise DemandExceedsCapacity(pool, refused.asked or 0, refused.limit or 0)
+        raise PoolFull(pool, refused.limit or 0)
+    enqueued = reply.first("enqueued")
+    if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
+        raise RuntimeError(f"{functions.name('enqueue')} returned neither refused nor enqueued")
+    admissions = _on_commit(reply)
+    admissions += follow_up(set(handoff.pools))
+    return Enqueued(
+        entry_id=enqueued.entry,
+        key=sub.key,
+        admitted=any(a.entry_id == enqueued.entry for a in admissions),
+    )
+
+
+def _enqueue_call(sub: Submission, now: datetime, deadline: datetime | None) -> fastpath.Reply:
+    """One call of the enqueue function."""
+    spec = sub.spec
+    return fastpath.call(
         functions.name("enqueue"),
         [
             sub.key,
@@ -147,28 +178,6 @@ def _enqueue_in_one_call(
             sub.fairness_key,
         ],
         what=f"pools {', '.join(sorted(spec.demand))}",
-    )
-    handoff = handed_to_orm(reply=reply)
-    if handoff.call:
-        return None
-    refused = reply.first("refused")
-    if refused is not None:
-        pool = refused.pool or ""
-        if refused.reason == "unknown":
-            raise UnknownPool(pool)
-        if refused.reason == "capacity":
-            raise DemandExceedsCapacity(pool, refused.asked or 0, refused.limit or 0)
-        raise PoolFull(pool, refused.limit or 0)
-    enqueued = reply.first("enqueued")
-    if enqueued is None or enqueued.entry is None:  # pragma: no cover - function contract
-        raise RuntimeError(f"{functions.name('enqueue')} returned neither refused nor enqueued")
-    admissions = _on_commit(reply)
-    _recheck(set(spec.demand), reply)
-    admissions += follow_up(set(handoff.pools))
-    return Enqueued(
-        entry_id=enqueued.entry,
-        key=sub.key,
-        admitted=any(a.entry_id == enqueued.entry for a in admissions),
     )
 
 
@@ -213,12 +222,15 @@ def _settle_in_one_call(
         what=f"settling entry {entry_id}",
     )
     settled = reply.first("settled")
-    if settled is None:
+    if settled is None:  # a stale token: it wrote nothing, but it held the free locks
+        entry = QueueEntry.objects.filter(pk=entry_id).values_list("demand", flat=True).first()
+        _recheck(set(entry or {}), reply)
         return False
-    _on_commit(reply)
     # Committed: the pools whose lock another transaction held (owed) are tried again,
-    # the ones it held are re-checked for releases others left it meanwhile.
+    # the ones it held are re-checked for releases others left it meanwhile (first: an
+    # owed admission waits for it, this call's own are published right after).
     _recheck(set(settled.demand or {}), reply)
+    _on_commit(reply)
     job = (settled.detail or {}).get("job", "")
     # As settle() on the ORM path: one pass over the pools the function left to Python
     # (the pass settle() runs under its locks), then one follow-up over the pools that
@@ -235,14 +247,14 @@ def _settle_in_one_call(
     return True
 
 
-def _recheck(names: set[str], reply: fastpath.Reply) -> None:
+def _recheck(names: set[str], reply: fastpath.Reply | None) -> None:
     """After a function call that locked ``names`` has committed: release what is owed
     there (:func:`pools.core.pass_runs.release_owed`; ``docs/concepts/contention.md``).
 
     A call inside a caller's transaction re-checks when that commits (a rollback leaves
     the owed releases to the pools' next lock holder, at the latest the sweep).
     """
-    if not reply.committed and transaction.get_connection().in_atomic_block:
+    if (reply is None or not reply.committed) and transaction.get_connection().in_atomic_block:
         transaction.on_commit(lambda: release_owed(names))
     else:
         release_owed(names)
