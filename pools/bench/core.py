@@ -5,6 +5,7 @@ Run against a scratch PostgreSQL database (tables created by ``migrate``)::
     POOLS_TEST_DB=postgres POOLS_PG_NAME=pools_bench DJANGO_SETTINGS_MODULE=tests.settings \\
         python -m pools.bench.core [--procs 1,4,16] [--cycles 2000] [--reps 3]
             [--strategy priority|fifo|lifo|fair] [--depths 0,10000,100000] [--rate 100000/s]
+            [--engine sql|orm]
 
 ``N`` processes (``--procs``) each run ``--cycles / N`` times *enqueue -> start -> settle*
 on one pool of ``N`` slots, through the public service functions (``admission.enqueue``,
@@ -114,7 +115,8 @@ def _worker(cycles: int, own: bool, barrier: Any, out: Any) -> None:
     backend_ticks = _ticks(backend)
     own_ticks = _ticks(os.getpid())
     worker = f"w7-{os.getpid()}"
-    with override_settings(POOLS={"PUBLISHER": "pools.bench.core.bridge"}):
+    engine = {"SQL_FAST_PATH": os.environ.get("POOLS_W7_ENGINE", "sql") == "sql"}
+    with override_settings(POOLS={"PUBLISHER": "pools.bench.core.bridge", **engine}):
         barrier.wait()
         for i in range(cycles):
             t0 = time.perf_counter()
@@ -316,12 +318,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="own",
         help="pools' own prepared connection (as in workers) or Django's (default: own)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=["sql", "orm"],
+        default="sql",
+        help="the stored functions (default) or the ORM engine (then Django's connection)",
+    )
     parser.add_argument("--strategy", choices=["priority", "fifo", "lifo", "fair"])
     parser.add_argument("--depths", default="0", help="entries already waiting, e.g. 0,100000")
     parser.add_argument(
         "--rate", default=None, help="the pool's rate(s), e.g. 100000/s (one that never binds)"
     )
     opts = parser.parse_args(argv)
+    os.environ["POOLS_W7_ENGINE"] = opts.engine  # read by the spawned processes
+    if opts.engine == "orm":
+        opts.connection = "django"
     rate = [r.strip() for r in opts.rate.split(",") if r.strip()] if opts.rate else None
     import django
 
@@ -330,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     report: dict[str, Any] = {
         "cycles": opts.cycles,
         "reps": opts.reps,
+        "engine": opts.engine,
         "strategy": strategy,
         "rate": rate,
         "by_procs": {},
