@@ -41,6 +41,8 @@ PROCESSES = int(os.environ.get("POOLS_CONTENTION_PROCESSES", "8"))
 #: Wall-clock bound on the run (after all children are up); the test fails when it passes.
 TIMEOUT = float(os.environ.get("POOLS_CONTENTION_TIMEOUT", "600"))
 CAPACITY = {"conc-a": 3, "conc-b": 3}
+#: A wait with every slot free longer than this (seconds) is a lost wake-up.
+LOST_AFTER = float(os.environ.get("POOLS_LOST_WAKEUP_SECONDS", "1.0"))
 
 
 def ev(seq: int, kind: str, entry: int, demand: dict[str, int] | None = None) -> contention.Event:
@@ -144,8 +146,13 @@ def test_contention__never_oversubscribes_under_many_processes(path: str) -> Non
     assert result.max_held["conc-a"] == CAPACITY["conc-a"], result.max_held
     assert result.max_held["conc-b"] >= 2, result.max_held
 
-    # No wake-up was lost: never did an entry wait over 100 ms with every slot free.
-    assert not result.idle_waits(), result.idle_waits()
+    # No wake-up was lost: never did an entry wait with every slot free for longer than
+    # LOST_AFTER (a wake-up that only unrelated activity, or nothing, repairs). The count
+    # over 100 ms is in the summary above: on a loaded machine a lock holder descheduled
+    # mid-transaction delays the admission it owes by that much (docs/benchmarks.md,
+    # Round four).
+    lost = result.idle_waits(LOST_AFTER)
+    assert not lost, lost
 
     # Exactly one admission, one start and one end per entry, in the recorder.
     entries = set(QueueEntry.objects.values_list("queue_id", flat=True))
