@@ -482,8 +482,8 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
         from pools.pg import engine
 
         locking._released[:] = [lambda names: None]
-        settling.release_owed = lambda names: None  # type: ignore[assignment]
-        engine.release_owed = lambda names: None  # type: ignore[assignment]
+        settling.release_owed = lambda names: None
+        engine.release_owed = lambda names: None
     stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec
