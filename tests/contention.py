@@ -483,7 +483,7 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
 
         locking._released[:] = [lambda names: None]
         settling.release_owed = lambda names: None
-        engine.release_owed = lambda names: None
+        engine._release_owed = lambda names: None
     stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec

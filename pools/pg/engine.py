@@ -22,7 +22,6 @@ from pools.core.pass_runs import (
     admit_after_settle,
     admit_later,
     follow_up,
-    release_owed,
     requeue_unpublished,
 )
 from pools.core.records import Admission, Claim, Enqueued, Submission
@@ -249,12 +248,33 @@ def _settle_in_one_call(
 
 def _recheck(names: set[str], reply: fastpath.Reply | None) -> None:
     """After a function call that locked ``names`` has committed: release what is owed
-    there (:func:`pools.core.pass_runs.release_owed`; ``docs/concepts/contention.md``).
+    there and admit (``docs/concepts/contention.md``), one call of the re-check function
+    per round (:func:`release_owed` on the ORM engine).
 
     A call inside a caller's transaction re-checks when that commits (a rollback leaves
     the owed releases to the pools' next lock holder, at the latest the sweep).
     """
     if (reply is None or not reply.committed) and transaction.get_connection().in_atomic_block:
-        transaction.on_commit(lambda: release_owed(names))
+        transaction.on_commit(lambda: _release_owed(names))
     else:
-        release_owed(names)
+        _release_owed(names)
+
+
+def _release_owed(names: set[str]) -> None:
+    """While a release is owed in ``names``: the re-check function over them (it locks
+    the free ones, releases and admits), then again over the pools it locked; pools held
+    by another transaction are that holder's. Failures go to a wake-up (see follow_up)."""
+    todo = sorted(names)
+    try:
+        while todo:
+            reply = fastpath.call(
+                functions.name("recheck"),
+                [todo, timezone.now(), conf.get().LEASE_SECONDS, fastpath.listening()],
+                what=f"pools {', '.join(todo)}",
+            )
+            todo = sorted(reply.held)
+            if todo:
+                _on_commit(reply)
+                follow_up(set(handed_to_orm(reply=reply).pools))
+    except Exception as exc:
+        admit_later(todo, exc)

@@ -127,6 +127,11 @@ class Reply:
         return {r.pool for r in self.of("owed") if r.pool}
 
     @property
+    def held(self) -> set[str]:
+        """Pools a re-check call locked (and released owed slots in): to re-check again."""
+        return {r.pool for r in self.of("held") if r.pool}
+
+    @property
     def wake(self) -> dict[str, datetime]:
         """Pools with a delayed entry due later or a rate window closed: when to run
         admission again (the earlier time when a pool has both)."""

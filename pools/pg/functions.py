@@ -13,7 +13,7 @@ from __future__ import annotations
 VERSION = 8
 
 #: The functions, by their name without prefix and suffix.
-BASES = ("admit", "enqueue", "out", "release", "settle", "start")
+BASES = ("admit", "enqueue", "out", "recheck", "release", "settle", "start")
 
 
 def name(base: str) -> str:

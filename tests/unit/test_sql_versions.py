@@ -29,7 +29,7 @@ INITIAL = "0001_release_0_1_0"
 #: under pools/pg/sql/).
 PINNED = {
     "baseline-0.1.0.sql": "559ed9dc40c5f9f58983e54906bf670e662b70c926bfc7e2bef590b37227955d",
-    "deltas/0.2.0_combining.sql": "40da3c530a0d02a3dd5003ff9d2006ffb42e3c106cde43853199fa5f6c8a341d",
+    "deltas/0.2.0_combining.sql": "abda04013f225d6a56351150ee92f983d32ca6ebbf789affeb0917326e4d68ba",
 }
 
 FREEZE = (

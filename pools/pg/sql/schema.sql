@@ -77,6 +77,7 @@
 --   event     o_event, o_event_kind, o_at, o_pool, o_entry, o_key, o_token, o_detail
 --   owed      o_pool (settle: a pool whose lock another transaction held; the entry's
 --             slots there are released by that pool's next lock holder)
+--   held      o_pool (recheck: a pool it locked, to re-check again after the commit)
 CREATE OR REPLACE FUNCTION pools_out_v8(
     kind text, entry bigint DEFAULT NULL, key text DEFAULT NULL, token bigint DEFAULT NULL,
     pool text DEFAULT NULL, task text DEFAULT NULL, args jsonb DEFAULT NULL,
@@ -346,6 +347,40 @@ BEGIN
     RETURN QUERY SELECT o.* FROM pools_pool p, pools_out_v8('owed', pool => p.name::text) o
       WHERE p.name IN (SELECT jsonb_object_keys(v_demand)) AND NOT (p.id = ANY(v_pools))
       ORDER BY p.name;
+    RETURN QUERY SELECT * FROM pools_admit_v8(v_pools, p_now, p_lease, p_events);
+END
+$$;
+
+-- After a call that held pools' locks has committed (docs/concepts/contention.md): for
+-- those of p_names with a release owed ('releasing' demand rows), lock them if no other
+-- transaction holds them (SKIP LOCKED), release and admit. Returns nothing when nothing is
+-- owed or every such pool is held by another transaction (whose own re-check follows);
+-- else one 'held' row per pool it locked (the caller re-checks those again after this
+-- commits), then pools_admit_v8's rows.
+CREATE OR REPLACE FUNCTION pools_recheck_v8(
+    p_names text[], p_now timestamptz, p_lease double precision, p_events boolean,
+    p_lock_ms integer)
+RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
+              o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
+              o_state text, o_reason text, o_asked bigint, o_limit bigint, o_at timestamptz,
+              o_event bigint, o_event_kind text, o_detail jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_pools bigint[];
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
+    SELECT COALESCE(array_agg(l.id), '{}') INTO v_pools FROM (
+        SELECT p.id FROM pools_pool p
+         WHERE p.name = ANY(p_names)
+           AND EXISTS (SELECT 1 FROM pools_demand d
+                        WHERE d.pool_id = p.id AND d.state = 'releasing')
+         ORDER BY p.name FOR UPDATE SKIP LOCKED) l;
+    IF cardinality(v_pools) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM pools_release_v8(v_pools);
+    RETURN QUERY SELECT o.* FROM pools_pool p, pools_out_v8('held', pool => p.name::text) o
+      WHERE p.id = ANY(v_pools) ORDER BY p.name;
     RETURN QUERY SELECT * FROM pools_admit_v8(v_pools, p_now, p_lease, p_events);
 END
 $$;
