@@ -229,8 +229,10 @@ def test_own_connection__statement_bound_holds_with_prepared_statements_on_and_o
 
 
 def _settle_times_out_behind_a_pool_lock(recorder: Any) -> Any:
-    """A running entry whose settle meets the pool row locked by another connection:
-    PoolUnavailable, and the entry still running. Returns its admission."""
+    """A running entry, and an enqueue that meets the pool row locked by another
+    connection: PoolUnavailable, nothing written. (A settle no longer waits for a locked
+    pool row: docs/concepts/contention.md; an enqueue still does.) Returns the running
+    entry's admission."""
     import psycopg
 
     make_pool("p", 1)
@@ -246,9 +248,10 @@ def _settle_times_out_behind_a_pool_lock(recorder: Any) -> Any:
     try:
         locker.execute("SELECT 1 FROM pools_pool WHERE name = 'p' FOR UPDATE")
         with pytest.raises(PoolUnavailable, match=r"lock timeout|statement timeout"):
-            admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
+            submit("p", key="behind-the-lock")
     finally:
         locker.rollback()
         locker.close()
     assert QueueEntry.objects.get(key="a").state == EntryState.RUNNING
+    assert not QueueEntry.objects.filter(key="behind-the-lock").exists()
     return adm

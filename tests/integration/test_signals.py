@@ -95,15 +95,16 @@ def test_signals__receivers_do_not_move_the_fast_path_off(
     settings: Settings,
     django_assert_num_queries: DjangoAssertNumQueries,
 ) -> None:
-    """With receivers connected, enqueue and settle on PostgreSQL are still one query each."""
+    """With receivers connected, enqueue and settle on PostgreSQL are still one function
+    call each (and the post-commit re-check of combining: docs/concepts/contention.md)."""
     settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
     make_pool("p", 1)
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(2):
         assert submit("p", key="run").admitted
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(2):
         assert not submit("p", key="next").admitted
     adm = recorder.admissions[0]
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(2):
         assert admission.settle(adm.entry_id, adm.token, "succeeded")
     assert [k for k, _ in heard.events] == [
         "enqueued",
