@@ -153,7 +153,7 @@ test-mariadb: install
 	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/13 POOLS_CONTENTION_ENTRIES=600 \
 	$(BIN)/pytest -q tests/integration/test_admission.py tests/integration/test_leases.py \
 		tests/integration/test_locking_mysql.py tests/integration/test_schema_mysql.py tests/integration/test_checks_mysql.py \
-		tests/integration/test_unavailable_reasons.py tests/integration/test_contention.py tests/integration/test_combining.py \
+		tests/integration/test_unavailable_reasons.py tests/integration/test_contention.py \
 		tests/integration/test_enqueue_in_transaction.py tests/unit/test_service_requirement.py \
 		$(MARIADB_ACCEPTANCE)
 

@@ -447,14 +447,14 @@ def release_pending(pools: dict[str, Pool]) -> None:
 
 def combining() -> bool:
     """True when a settler that finds a pool row locked leaves its release to the holder
-    (``SELECT ... FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8, MariaDB 10.6+).
+    (``SELECT ... FOR UPDATE SKIP LOCKED``): PostgreSQL only (``docs/concepts/contention.md``).
 
-    SQLite serializes writers: nobody holds a pool row while another writes, so nothing
-    is combined there (``docs/concepts/contention.md``).
+    SQLite serializes writers: nobody holds a pool row while another writes. MySQL/MariaDB
+    have ``SKIP LOCKED``, but InnoDB's locking reads made the settler's writes to the rows
+    of a pool it does not hold wait for the holder, and deadlock under the contention
+    proof (MariaDB 10.11): settles there lock and wait as before.
     """
-    return connection.vendor != "sqlite" and bool(
-        connection.features.has_select_for_update_skip_locked
-    )
+    return connection.vendor == "postgresql"
 
 
 class _Recheck:

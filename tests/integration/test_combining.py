@@ -7,9 +7,8 @@ settles the pool's only holder: the settle must return without waiting, its slot
 by the holder's post-release re-check. The sabotage twin removes that re-check: the entry
 then waits with the pool's slot free (a lost wake-up), which the proof must see.
 
-Both engines on PostgreSQL (the settle function and the ORM engine), the ORM engine on
-MySQL/MariaDB (``SKIP LOCKED``); SQLite serializes writers and does not combine, so these
-tests are skipped there.
+Both engines on PostgreSQL (the settle function and the ORM engine). SQLite serializes
+writers and MySQL/MariaDB settle under the lock (``locking.combining``): skipped there.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ def engine(request: pytest.FixtureRequest, settings: Settings) -> None:
     """Both engines: the stored functions (PostgreSQL) and the ORM engine."""
     settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": request.param == "sql"}
     if not locking.combining():
-        pytest.skip(f"{connection.vendor} serializes writers: nothing to combine")
+        pytest.skip(f"{connection.vendor}: settles do not combine (locking.combining)")
 
 
 class Holder:

@@ -204,8 +204,8 @@ def test_idle_waits__counts_a_wait_with_every_slot_free() -> None:
 
 
 @pytest.mark.skipif(
-    os.environ.get("POOLS_TEST_DB", "sqlite") == "sqlite",
-    reason="SQLite serializes writers: settles never combine, nothing is owed to a holder",
+    os.environ.get("POOLS_TEST_DB", "sqlite") != "postgres",
+    reason="settles combine on PostgreSQL only (locking.combining): nothing is owed elsewhere",
 )
 def test_contention__lost_wake_ups_are_counted_without_the_holders_recheck(path: str) -> None:
     """Sabotage twin of the lost wake-up count: nobody re-checks for releases owed after

@@ -225,23 +225,28 @@ def test_lock_timeout__enqueue_raises_one_line_pool_unavailable_and_writes_nothi
     assert submit("p", key="after").admitted  # the connection is usable again
 
 
-def test_lock_timeout__settle_never_waits_for_the_bound(
+def test_lock_timeout__settle_behind_a_held_pool_row(
     recorder: RecordingBridge, settings: Settings
 ) -> None:
-    """A settle behind a held pool row settles at once (``SKIP LOCKED``, MariaDB 10.6+ /
-    MySQL 8) and leaves the slot to the pool's next lock holder
-    (docs/concepts/contention.md); before, it raised at the bound."""
-    from django.db import connection
-
+    """Where settles combine (docs/concepts/contention.md), one behind a held pool row
+    settles at once and leaves the slot to the pool's next lock holder; on MySQL/MariaDB
+    (no combining) it raises at the bound with the claim still held."""
     from pools.core import locking
 
-    if not locking.combining():
-        pytest.skip(f"{connection.display_name} has no SKIP LOCKED: settles wait as before")
     make_pool("p", 1)
     submit("p", key="run")
     submit("p", key="next")
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
     run = recorder.admissions[0]
+    if not locking.combining():  # MySQL/MariaDB settle under the lock (see combining())
+        events_before = PoolEvent.objects.count()
+        with pool_rows_locked("p"), pytest.raises(PoolUnavailable, match=TIMED_OUT):
+            admission.settle(run.entry_id, run.token, "succeeded")
+        assert QueueEntry.objects.get(key="run").state == EntryState.ADMITTED
+        assert PoolEvent.objects.count() == events_before
+        assert admission.settle(run.entry_id, run.token, "succeeded")
+        assert recorder.keys() == ["run", "next"]
+        return
     with pool_rows_locked("p"):
         assert admission.settle(run.entry_id, run.token, "succeeded")
     assert QueueEntry.objects.get(key="run").state == EntryState.SUCCEEDED
