@@ -120,6 +120,12 @@ def fuzz(headers: dict[str, str]) -> list[str]:
                 )
                 @given(case=strategy)
                 def run(case: Any) -> None:
+                    # A made-up Host is Django's ALLOWED_HOSTS refusal (an HTML 400 before
+                    # any view), not the API's answer: the fuzz keeps the test client's.
+                    if case.headers:
+                        case.headers = {
+                            k: v for k, v in case.headers.items() if k.lower() != "host"
+                        }
                     response = case.call(headers=headers)
                     case.validate_response(response, checks=CHECKS)
                     error_is_json(response)
