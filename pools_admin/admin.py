@@ -197,17 +197,12 @@ class PoolAdmin(admin.ModelAdmin):
         permissions=["change"],
     )
     def remove_overrides(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
-        actor = actor_of(request)
-        done = []
-        for pool in queryset:
-            if pool.template not in conf.get().TEMPLATES or not overrides.current(pool.name):
-                continue
-            try:
-                overrides.clear_overrides(pool.name, actor=actor)
-            except PoolError as exc:
-                self.message_user(request, f"{pool.name}: {exc}", messages.ERROR)
-                continue
-            done.append(pool.name)
+        names = [
+            pool.name
+            for pool in queryset
+            if pool.template in conf.get().TEMPLATES and overrides.current(pool.name)
+        ]
+        done = _clear_overrides(self, request, names)
         if done:
             self.message_user(
                 request, f"Back to the template's limits: {', '.join(done)}.", messages.SUCCESS
@@ -423,17 +418,26 @@ class PoolOverrideAdmin(admin.ModelAdmin):
         permissions=["remove"],
     )
     def remove_selected(self, request: HttpRequest, queryset: QuerySet[PoolOverride]) -> None:
-        actor = actor_of(request)
-        done = []
-        for row in queryset:
-            try:
-                overrides.clear_overrides(row.pool, actor=actor)
-            except PoolError as exc:
-                self.message_user(request, f"{row.pool}: {exc}", messages.ERROR)
-                continue
-            done.append(row.pool)
+        done = _clear_overrides(self, request, [row.pool for row in queryset])
         if done:
             self.message_user(request, f"Removed the overrides of {', '.join(done)}.")
+
+
+def _clear_overrides(
+    model_admin: admin.ModelAdmin, request: HttpRequest, names: list[str]
+) -> list[str]:
+    """Remove the per-key overrides of ``names`` through the service; the names done
+    (a refusal is reported per pool)."""
+    actor = actor_of(request)
+    done = []
+    for name in names:
+        try:
+            overrides.clear_overrides(name, actor=actor)
+        except PoolError as exc:
+            model_admin.message_user(request, f"{name}: {exc}", messages.ERROR)
+            continue
+        done.append(name)
+    return done
 
 
 @admin.register(PoolEvent)
