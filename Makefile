@@ -111,9 +111,10 @@ RABBITMQ_SKIP := \
 	--deselect tests/acceptance/test_partition.py::test_partition__db_black_holed_mid_body_fences_before_the_lease_end \
 	--deselect tests/acceptance/test_partition.py::test_partition__sabotage_without_the_watchdog_the_body_outlives_its_lease \
 	--deselect tests/acceptance/test_partition.py::test_partition__sigstopped_body_is_stopped_when_it_resumes
+RABBITMQ_RESULTS ?= redis://127.0.0.1:6379/15
 test-rabbitmq: install services
 	POOLS_TEST_DB=postgres CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// \
-	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
+	CELERY_RESULT_BACKEND=$(RABBITMQ_RESULTS) \
 	$(BIN)/pytest -q $(RABBITMQ_TESTS) $(RABBITMQ_SKIP)
 
 # A rolling deploy from the previous release (its tree from git history) to this one, with
@@ -122,8 +123,8 @@ test-rabbitmq: install services
 # Figures: python -m tests.upgrade.run [--database mysql].
 test-upgrade: install services
 	@bash scripts/services.sh mariadb
-	POOLS_TEST_DB=postgres CELERY_BROKER_URL=redis://127.0.0.1:6379/14 \
-	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
+	POOLS_TEST_DB=postgres CELERY_BROKER_URL=redis://127.0.0.1:6379/10 \
+	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/11 \
 	$(BIN)/pytest -q tests/upgrade
 
 # Chaos: 2,000 pooled tasks through 3 pools on 3 prefork workers + beat while 20 faults hit
@@ -211,9 +212,11 @@ screenshots: install browsers
 	$(BIN)/python -m tests.browser.demo_screenshots
 
 # Headless Chromium against the admin: real PostgreSQL, Redis and Celery workers (~1 min).
+BROWSER_BROKER ?= redis://127.0.0.1:6379/14
+BROWSER_RESULTS ?= redis://127.0.0.1:6379/15
 test-browser: install services browsers
-	POOLS_TEST_DB=postgres CELERY_BROKER_URL=redis://127.0.0.1:6379/14 \
-	CELERY_RESULT_BACKEND=redis://127.0.0.1:6379/15 \
+	POOLS_TEST_DB=postgres CELERY_BROKER_URL=$(BROWSER_BROKER) \
+	CELERY_RESULT_BACKEND=$(BROWSER_RESULTS) \
 	$(BIN)/pytest -q tests/browser
 
 # Celery's own integration suite, plain and with every task pooled (4-slot and 1-slot
@@ -225,7 +228,12 @@ test-peer: install services
 peer-full: install services
 	$(BIN)/python -m tests.peer.run
 
-test: browsers lint docs test-sqlite test-postgres test-quickstart test-lowest test-upgrade test-mariadb test-rabbitmq test-pgbouncer test-chaos test-browser test-peer
+# The whole suite: lint and docs, then the tiers in two streams side by side (each with its
+# own PostgreSQL test database and Redis databases), then chaos alone; every tier runs even
+# after one fails, and the summary names the failed ones (scripts/test_streams.sh; ~45 min
+# here; TEST_STREAMS=1 runs them one after the other).
+test: browsers pgbouncer lint docs
+	@bash scripts/test_streams.sh
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .site .pytest_cache
