@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.http import QueryDict
 from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
@@ -206,3 +207,32 @@ def test_pool_pages__link_to_the_pools_events_with_the_permission(recorder, page
     plain = _admin("pools.view_pool").get(path)
     assert plain.status_code == 200
     assert f'href="{events}"' not in plain.content.decode()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("field", "index"), [("key", "pools_event_key"), ("actor", "pools_event_actor")]
+)
+def test_key_and_actor_filters__are_served_by_their_partial_index(field, index):
+    """A log of engine rows (no key, no actor) plus a few with one: the API's filter by key
+    or actor, newest first, reads its partial index, without a sort of the matches.
+    Sequential scans are off so the check does not depend on the table's size."""
+    from django.db import connection
+
+    from pools.api import events as events_api
+
+    PoolEvent.objects.bulk_create(
+        PoolEvent(kind=EventKind.REQUEUED, pool="wh", at=T0) for _ in range(2000)
+    )
+    _event(EventKind.CANCELLED, "wh", 1, key="k1", actor="ann")
+    rows = events_api.filtered(QueryDict(f"{field}=" + ("k1" if field == "key" else "ann")))
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE pools_poolevent")
+        cur.execute("SET enable_seqscan = off")
+    try:
+        plan = str(rows.order_by("-id")[:51].explain())
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("RESET enable_seqscan")
+    assert index in plan, plan
+    assert "Sort" not in plan, plan
