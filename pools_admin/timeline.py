@@ -23,6 +23,7 @@ from django.utils import timezone
 
 #: Windows offered by the page (``?window=``), in the order they are listed.
 WINDOWS: dict[str, timedelta] = {
+    "1m": timedelta(minutes=1),  # bodies of a second or two are still bars, not slivers
     "5m": timedelta(minutes=5),
     "15m": timedelta(minutes=15),
     "1h": timedelta(hours=1),

@@ -32,8 +32,8 @@ USERNAME = PASSWORD = "demo"
 #: The demo's start (migrate, worker, server, burst) and the wait for contention.
 START_TIMEOUT = 180.0
 CONTENTION_TIMEOUT = 120.0
-#: The pool page's shortest window is 5 minutes: let the demo fill a good part of it.
-POOL_PAGE_AFTER = 120.0
+#: The pool page's shortest window is 1 minute: let the demo fill most of it.
+POOL_PAGE_AFTER = 50.0
 #: Blockers worth showing on the "why" page, best first.
 WHY = ("head_of_line", "rate_limited", "other_pool", "run_cap")
 
@@ -210,7 +210,7 @@ def take(out_dir: Path) -> list[Path]:
             shot("entry-why", page, clip=clip)  # the title and "Where it stands"
 
             time.sleep(max(0.0, started + POOL_PAGE_AFTER - time.monotonic()))
-            page.goto("/admin/pools/pool/occupancy/warehouse/?window=5m")
+            page.goto("/admin/pools/pool/occupancy/warehouse/?window=1m")
             page.wait_for_selector('figure[data-timeline-pool="warehouse"] svg')
             shot("pool-page", page, full_page=True)
             browser.close()

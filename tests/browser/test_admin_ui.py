@@ -139,3 +139,14 @@ def test_card_and_panel__keyboard_and_dark_mode(
     screenshot(page, "run-panel-dark", full_page=True)
     page.keyboard.press("Enter")
     page.wait_for_url(re.compile(r"/admin/pools/queueentry/\d+/panel/"))
+
+    # A pool page draws its holders in the colour its legend gives "held" (it once drew
+    # them in the run panel's grey for other work).
+    page.goto("/admin/pools/pool/occupancy/warehouse/")
+    page.wait_for_selector('figure[data-timeline-pool="warehouse"] a.tl-bar')
+    legend, bar, opacity = page.evaluate(
+        "[getComputedStyle(document.querySelector('.pools-legend .sw-mine')).backgroundColor,"
+        " getComputedStyle(document.querySelector('a.tl-bar .tl-held')).fill,"
+        " getComputedStyle(document.querySelector('a.tl-bar .tl-held')).opacity]"
+    )
+    assert (bar, opacity) == (legend, "1"), (bar, opacity, legend)
