@@ -18,7 +18,7 @@ and a database that cannot return the ids of a bulk insert (MySQL; MariaDB can).
 
 Both engines run a batch here: on PostgreSQL the stored enqueue function takes one call
 per round trip, and one ORM transaction for the whole batch is what saves the time
-(docs/benchmarks.md, round four).
+(docs/benchmarks.md, "Fan-out in one transaction").
 """
 
 from __future__ import annotations
