@@ -471,9 +471,7 @@ class PoolEvent(models.Model):
             models.Index(fields=["pool"], name="pools_event_pool"),  # no LIKE twin
             # The events API and the admin list filter by entry key or actor, newest first:
             # partial, since most rows (the engine's own, settings sync) have neither.
-            models.Index(
-                fields=["key", "-id"], name="pools_event_key", condition=Q(key__gt="")
-            ),
+            models.Index(fields=["key", "-id"], name="pools_event_key", condition=Q(key__gt="")),
             models.Index(
                 fields=["actor", "-id"], name="pools_event_actor", condition=Q(actor__gt="")
             ),
