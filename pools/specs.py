@@ -289,6 +289,17 @@ def resolve_key(source: KeySource, args: object, kwargs: object, *, what: str) -
     return validate_key(value, what=f"The value of the {what} callable")
 
 
+#: Attribute carrying the spec on the wrapped ``run`` function (set by ``@pooled``).
+SPEC_ATTR = "__pooled__"
+
+
+def spec_of(task: Any) -> PoolSpec | None:
+    """The spec of a task instance, class or function, or None if it is not pooled."""
+    run = getattr(task, "run", task)
+    spec = getattr(run, SPEC_ATTR, None)
+    return spec if isinstance(spec, PoolSpec) else None
+
+
 def _validate_max_backoffs(value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise PoolConfigurationError(

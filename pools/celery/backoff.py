@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pools import conf
-from pools.celery import decorators  # module import: decorators imports the worker
+from pools import conf, specs
 from pools.celery.keeper import keeper
 from pools.core import backoffs
 from pools.core.leases import Claim
@@ -27,7 +26,7 @@ logger = logging.getLogger("pools.celery.backoff")
 
 def limit_of(task: Any) -> int:
     """The backoffs ``task`` may make: its ``@pooled(max_backoffs=N)``, else the setting."""
-    spec = decorators.spec_of(task)
+    spec = specs.spec_of(task)
     if spec is not None and spec.max_backoffs is not None:
         return spec.max_backoffs
     return conf.get().MAX_BACKOFFS

@@ -30,9 +30,7 @@ def state(key: str) -> str:
 
 def time_passes(name: str) -> None:
     """The backoff of pool ``name`` has ended (its end moved into the past: no sleeping)."""
-    Pool.objects.filter(name=name).update(
-        backoff_until=timezone.now() - timedelta(milliseconds=1)
-    )
+    Pool.objects.filter(name=name).update(backoff_until=timezone.now() - timedelta(milliseconds=1))
 
 
 def test_backoff__entry_waits_at_the_head_and_the_pool_admits_nothing_until_its_end(
