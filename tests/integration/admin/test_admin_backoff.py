@@ -49,6 +49,9 @@ def test_card__a_pool_in_backoff_shows_until_when(
     # A pool paused by hand keeps its plain badge.
     wh = card_row(html, "wh")
     assert ">paused<" in wh and "backoff" not in wh
+    # The pool's own page says it too.
+    page = admin_client.get(reverse("admin:pools_pool_occupancy", args=["api"])).content.decode()
+    assert f"backoff until {until:%H:%M:%S}" in page
 
 
 def test_action__end_backoff_resumes_logs_the_user_and_leaves_a_manual_pause(
