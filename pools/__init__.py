@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pools.exceptions import (
+    Backoff,
+    BackoffLimitExceeded,
     BudgetExceeded,
     DemandExceedsCapacity,
     EntryNotFound,
@@ -43,6 +45,8 @@ T = TypeVar("T")
 __version__ = "0.1.0"
 
 __all__ = [
+    "Backoff",
+    "BackoffLimitExceeded",
     "BudgetExceeded",
     "DemandExceedsCapacity",
     "EntryNotFound",

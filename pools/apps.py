@@ -28,8 +28,14 @@ class PoolsConfig(AppConfig):
 
 
 def _sync_after_migrate(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
+    from pools import checks
     from pools.celery import beat
     from pools.core import settings_sync
 
+    if checks.pending_migrations():
+        # Migrated to an earlier state (``migrate pools 0001_...``): the tables lag the
+        # models (a pool column added later, e.g. ``backoff_until``), so the sync would
+        # fail. The next full ``migrate`` syncs.
+        return
     settings_sync.sync()
     beat.ensure_sweep_schedule()

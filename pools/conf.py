@@ -70,6 +70,9 @@ class PoolsSettings:
     #: off when that is ``None`` (Django's setting for a transaction pooler such as
     #: PgBouncer), on otherwise. Off, the connection also keeps no session state.
     PREPARED_STATEMENTS: bool | None = None
+    #: Times a task body may back off (``raise pools.Backoff(seconds)``) before the next
+    #: backoff fails it (``BackoffLimitExceeded``); ``@pooled(max_backoffs=N)`` per task.
+    MAX_BACKOFFS: int = 10
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -172,6 +175,13 @@ def _load() -> PoolsSettings:
                 raise PoolConfigurationError(
                     f"settings.POOLS[{key!r}] must be a positive integer (bytes), got {value!r}."
                 )
+    if "MAX_BACKOFFS" in raw:
+        value = raw["MAX_BACKOFFS"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PoolConfigurationError(
+                "settings.POOLS['MAX_BACKOFFS'] must be an integer (0 or more: the times a "
+                f"task may back off before it fails), got {value!r}."
+            )
     if raw.get("PREPARED_STATEMENTS") is not None and not isinstance(
         raw["PREPARED_STATEMENTS"], bool
     ):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -257,4 +257,101 @@ class QueueTimeout(PoolError):
         return (
             f"Gave up waiting for pool {self.pool!r}: the queue_timeout deadline "
             f"{self.deadline} passed before the task was admitted."
+        )
+
+
+class Backoff(PoolError):
+    """Raised by a pooled task body to back off (a partner answered 429): not a failure.
+
+    The attempt ends and gives its slots back; the entry returns to its place at the head
+    of its line, and the pools pause for ``seconds`` (a timed pause: they admit nothing
+    until it ends, by itself or from the admin or the REST API). ``pools`` names the pools
+    to pause; by default every pool the entry asks for. A task may back off at most
+    ``POOLS["MAX_BACKOFFS"]`` times (``@pooled(max_backoffs=N)``); past that it fails with
+    :class:`BackoffLimitExceeded`. See docs/howto/backoff.md.
+    """
+
+    code = "backoff"
+
+    def __init__(self, seconds: float, *, pools: list[str] | tuple[str, ...] | None = None) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+            raise PoolConfigurationError(
+                f"Backoff(seconds) needs a positive number of seconds, got {seconds!r}: "
+                f"raise pools.Backoff(30), or Backoff.from_retry_after(value, default=30)."
+            )
+        if pools is not None and (
+            isinstance(pools, str) or not all(isinstance(p, str) for p in pools)
+        ):
+            raise PoolConfigurationError(
+                f"Backoff(pools=...) takes a list of pool names, got {pools!r}: "
+                f"Backoff(30, pools=['partner-api'])."
+            )
+        super().__init__(float(seconds))
+        self.seconds = float(seconds)
+        self.pools: tuple[str, ...] | None = None if pools is None else tuple(pools)
+
+    @classmethod
+    def from_retry_after(
+        cls,
+        value: str | int | float | None,
+        *,
+        default: float,
+        pools: list[str] | tuple[str, ...] | None = None,
+        now: datetime | None = None,
+    ) -> Backoff:
+        """A backoff for an HTTP ``Retry-After`` value: delta-seconds (``"120"``) or an
+        HTTP-date (``"Wed, 21 Oct 2026 07:28:00 GMT"``). ``default`` seconds when the value
+        is missing, unreadable or already past (a date in the past backs off ``default``
+        too: the partner asked for a pause)."""
+        return cls(retry_after_seconds(value, default=default, now=now), pools=pools)
+
+    def __str__(self) -> str:
+        where = f" pools {list(self.pools)!r}" if self.pools else ""
+        return f"Back off{where} for {self.seconds:g} s (not a failure: the task runs again)."
+
+
+def retry_after_seconds(
+    value: str | int | float | None, *, default: float, now: datetime | None = None
+) -> float:
+    """Seconds to wait for an HTTP ``Retry-After`` value (RFC 9110 10.2.3), else ``default``."""
+    from email.utils import parsedate_to_datetime
+
+    if isinstance(value, bool) or value is None:
+        return default
+    if isinstance(value, int | float):
+        return float(value) if value > 0 else default
+    text = value.strip()
+    if text.isdigit():
+        return float(int(text)) if int(text) > 0 else default
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return default
+    if when is None:
+        return default
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    return seconds if seconds > 0 else default
+
+
+class BackoffLimitExceeded(PoolError):
+    """A task body backed off more often than allowed (``MAX_BACKOFFS``): the task fails.
+
+    Like Celery's ``MaxRetriesExceededError``: stored as the task's failure in the result
+    backend; ``args`` are plain data so the exception survives the JSON result serializer.
+    """
+
+    code = "backoff_limit_exceeded"
+
+    def __init__(self, task: str, limit: int) -> None:
+        super().__init__(task, limit)
+        self.task = task
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return (
+            f"{self.task} backed off {self.limit} times already and asked again: it fails now. "
+            f"Raise POOLS['MAX_BACKOFFS'] or @pooled(max_backoffs=N) if the partner needs more "
+            f"patience, or lower the pool's slots or rate so it answers 429 less often."
         )

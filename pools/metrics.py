@@ -74,6 +74,10 @@ class PoolMetrics:
     #: Daily spend cap in slot-seconds (``None``: no cap) and the spend of today (UTC).
     spend_cap: float | None = None
     spent_today: float = 0.0
+    #: Backoffs asked of the pool so far (``raise pools.Backoff``), and the seconds left of
+    #: the one running now (0: not backing off).
+    backoffs: int = 0
+    backoff_seconds: float = 0.0
 
 
 def read() -> list[PoolMetrics]:
@@ -102,6 +106,7 @@ def read() -> list[PoolMetrics]:
     waits = read_waits()
     day = spendcap.today()
     fields = ("name", "slots", "held", "paused", "admissions", "spend_cap", "spend_day")
+    now = timezone.now()
     return [
         PoolMetrics(
             pool=p.name,
@@ -115,8 +120,14 @@ def read() -> list[PoolMetrics]:
             waits=waits.get(p.name),
             spend_cap=p.spend_cap,
             spent_today=spendcap.spent(p, day) if p.spend_cap is not None else 0.0,
+            backoffs=p.backoffs,
+            backoff_seconds=(
+                max((p.backoff_until - now).total_seconds(), 0.0) if p.backoff_until else 0.0
+            ),
         )
-        for p in Pool.objects.order_by("name").only(*fields, "spent_today")
+        for p in Pool.objects.order_by("name").only(
+            *fields, "spent_today", "backoffs", "backoff_until"
+        )
     ]
 
 
@@ -196,7 +207,17 @@ class PoolsCollector:
                 "pools_waiting_entries", "Entries waiting in line.", labels=["pool"]
             ),
             "paused": core.GaugeMetricFamily("pools_paused", "1 when paused.", labels=["pool"]),
+            "backoff": core.GaugeMetricFamily(
+                "pools_backoff_remaining_seconds",
+                "Seconds left of the pool's backoff (0: not backing off).",
+                labels=["pool"],
+            ),
         }
+        backoffs = core.CounterMetricFamily(
+            "pools_backoffs",
+            "Backoffs asked of the pool by task bodies (raise pools.Backoff).",
+            labels=["pool"],
+        )
         admissions = core.CounterMetricFamily(
             "pools_admissions", "Admissions since the pool was created.", labels=["pool"]
         )
@@ -238,6 +259,8 @@ class PoolsCollector:
             gauges["held"].add_metric([m.pool], m.held)
             gauges["waiting"].add_metric([m.pool], m.waiting)
             gauges["paused"].add_metric([m.pool], 1 if m.paused else 0)
+            gauges["backoff"].add_metric([m.pool], m.backoff_seconds)
+            backoffs.add_metric([m.pool], m.backoffs)
             admissions.add_metric([m.pool], m.admissions)
             losses.add_metric([m.pool], m.lease_losses)
             for reason, n in sorted(m.refusals.items()):
@@ -254,6 +277,7 @@ class PoolsCollector:
         yield from gauges.values()
         yield admissions
         yield losses
+        yield backoffs
         yield refusals
         yield waits
         yield from spend.values()

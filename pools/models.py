@@ -133,6 +133,20 @@ class Pool(models.Model):
             "several separated by commas (10/s,100000/d). Empty means no rate limit."
         ),
     )
+    #: End of a backoff (:mod:`pools.core.backoffs`): a timed pause asked by a task body
+    #: (``raise pools.Backoff(seconds)``). Set only while ``paused`` is true; the first
+    #: admission pass at or after it resumes the pool. Empty: no backoff.
+    backoff_until = models.DateTimeField(
+        _("backoff until"),
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("A task backed off (e.g. HTTP 429): the pool admits nothing until then."),
+    )
+    #: Backoffs asked of this pool so far (the ``pools_backoffs_total`` metric).
+    backoffs = models.PositiveBigIntegerField(
+        _("backoffs"), default=0, db_default=0, editable=False
+    )
     #: Removed from POOLS['DEFINITIONS'] while it still held or queued work: deleted once empty.
     retiring = models.BooleanField(_("retiring"), default=False, db_default=False, editable=False)
     #: Slots held by this pool's admitted and running entries: changed only under this
@@ -241,6 +255,8 @@ class QueueEntry(models.Model):
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
     # The fields below have database defaults (db_default): the fast-path functions insert
     # entries without naming them.
+    #: Times its task body backed off (``raise pools.Backoff``); past ``MAX_BACKOFFS`` it fails.
+    backoffs = models.PositiveIntegerField(_("backoffs"), default=0, db_default=0)
     #: "Same job" for concurrency policies: the periodic task's name for beat fires, else
     #: the task name plus its optional job key; empty when the entry has no job policy.
     job = models.CharField(_("job"), max_length=255, blank=True, default="", db_default="")

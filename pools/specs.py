@@ -289,6 +289,26 @@ def resolve_key(source: KeySource, args: object, kwargs: object, *, what: str) -
     return validate_key(value, what=f"The value of the {what} callable")
 
 
+#: Attribute carrying the spec on the wrapped ``run`` function (set by ``@pooled``).
+SPEC_ATTR = "__pooled__"
+
+
+def spec_of(task: Any) -> PoolSpec | None:
+    """The spec of a task instance, class or function, or None if it is not pooled."""
+    run = getattr(task, "run", task)
+    spec = getattr(run, SPEC_ATTR, None)
+    return spec if isinstance(spec, PoolSpec) else None
+
+
+def _validate_max_backoffs(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise PoolConfigurationError(
+            f"@pooled(max_backoffs=...) must be an integer (0 or more), got {value!r}: "
+            f"@pooled('partner-api', max_backoffs=5)."
+        )
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class PoolSpec:
     """What one pooled task asks of its pools."""
@@ -333,6 +353,9 @@ class PoolSpec:
     #: The debounce key: a callable of the task's arguments (decorator). Per call, the
     #: ``idempotency_key`` of ``pool_options`` is the key (it wins over this one).
     debounce_key: KeySource = None
+    #: Backoffs (``raise pools.Backoff``) a call may make before the next one fails it;
+    #: ``None``: ``POOLS["MAX_BACKOFFS"]``.
+    max_backoffs: int | None = None
 
     def __post_init__(self) -> None:
         """Check a spec however it was made (``build``, ``replace`` or by hand).
@@ -342,6 +365,7 @@ class PoolSpec:
         """
         if self.max_running is not None:
             positive_int(self.max_running, what="max_running")
+        _validate_max_backoffs(self.max_backoffs)
         object.__setattr__(self, "rate", rates_text.normalize(self.rate, what="rate"))
         if not isinstance(self.demand, Mapping) or not (
             self.demand or self.max_running or self.rate
@@ -381,6 +405,7 @@ class PoolSpec:
         rate: str | float | list[str] | None = None,
         debounce: float | None = None,
         debounce_key: KeySource = None,
+        max_backoffs: int | None = None,
     ) -> PoolSpec:
         """Validate decorator-style arguments and return a spec.
 
@@ -423,6 +448,7 @@ class PoolSpec:
             fairness_key=_validate_fairness_source(fairness_key),
             debounce=validate_debounce(debounce),
             debounce_key=_validate_key_source(debounce_key, what="debounce_key"),
+            max_backoffs=_validate_max_backoffs(max_backoffs),
         )
 
     @classmethod

@@ -94,3 +94,4 @@ class EventKind(TextChoices):
     POOL_CREATED = "pool_created", _("pool created")
     POOL_DELETED = "pool_deleted", _("pool deleted")
     TERMINATE = "terminate", _("termination requested")
+    BACKOFF = "backoff", _("backoff")

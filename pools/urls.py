@@ -16,6 +16,11 @@ urlpatterns = [
     path("pools/<str:name>/", views.PoolDetailView.as_view(), name="pool-detail"),
     path("pools/<str:name>/pause", views.PoolPauseView.as_view(), name="pool-pause"),
     path("pools/<str:name>/resume", views.PoolResumeView.as_view(), name="pool-resume"),
+    path(
+        "pools/<str:name>/end-backoff",
+        views.PoolEndBackoffView.as_view(),
+        name="pool-end-backoff",
+    ),
     path("pools/<str:name>/overrides", views.PoolOverridesView.as_view(), name="pool-overrides"),
     path("pools/<str:name>/entries/", views.PoolEntriesView.as_view(), name="pool-entries"),
     re_path(

@@ -20,7 +20,7 @@ from django.urls import URLPattern, path, re_path, reverse
 from django.utils.html import format_html
 
 from pools import conf, pool_fields
-from pools.core import admission, overrides, pool_crud
+from pools.core import admission, backoffs, overrides, pool_crud
 from pools.core import capacity as pool_capacity
 from pools.exceptions import PoolError, PoolRefused, PoolUnavailable
 from pools.models import Pool, PoolEvent, PoolOverride, QueueEntry, WorkerNode
@@ -57,6 +57,7 @@ class PoolAdmin(admin.ModelAdmin):
         "held",
         "waiting",
         "paused",
+        "backoff_until",
         "max_queued",
         "overflow",
         "strategy",
@@ -67,7 +68,7 @@ class PoolAdmin(admin.ModelAdmin):
     )
     list_filter = ("paused", "strategy", "defined_in_settings", "retiring")
     search_fields = ("name",)
-    actions = ["pause_pools", "resume_pools", "remove_overrides"]
+    actions = ["pause_pools", "resume_pools", "end_backoffs", "remove_overrides"]
     change_form_template = "pools_admin/pool_change_form.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Pool]:
@@ -191,6 +192,17 @@ class PoolAdmin(admin.ModelAdmin):
     @admin.action(description="Resume selected pools", permissions=["change"])
     def resume_pools(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
         self._set_paused(request, queryset, False)
+
+    @admin.action(description="End backoff of selected pools now", permissions=["change"])
+    def end_backoffs(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        actor = actor_of(request)
+        ended = [p.name for p in queryset if backoffs.end_early(p.name, actor=actor)]
+        if ended:
+            self.message_user(
+                request, f"Ended the backoff of {', '.join(ended)}.", messages.SUCCESS
+            )
+        else:
+            self.message_user(request, "Nothing to do: no selected pool is backing off.")
 
     @admin.action(
         description="Remove per-key overrides (back to the template's limits)",

@@ -70,6 +70,8 @@ class PoolRow:
     rate: str = ""
     #: A per-key pool's overridden limits: ``["slots 8 (override; template 2)"]``.
     overrides: tuple[str, ...] = ()
+    #: End of the pool's backoff (a timed pause a task asked for); None when not backing off.
+    backoff_until: datetime | None = None
 
     @property
     def unlimited(self) -> bool:
@@ -188,6 +190,7 @@ def load(*, head: int = HEAD) -> list[PoolRow]:
             head=heads.get(p.pk, []),
             pending_slots=p.pending_slots,
             rate=p.rate,
+            backoff_until=p.backoff_until,
             overrides=tuple(
                 overrides.labels(overrides.detail(p.template, p.override_values))  # type: ignore[attr-defined]
             ),

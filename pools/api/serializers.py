@@ -170,6 +170,13 @@ class PoolSnapshotSerializer(serializers.Serializer[Any]):
     retiring = serializers.BooleanField(
         help_text="Removed from settings while it held or queued work: deleted once empty."
     )
+    backoff_until = serializers.DateTimeField(
+        allow_null=True,
+        help_text="A task backed off (raise pools.Backoff, e.g. on HTTP 429): the pool is "
+        "paused until then and resumes by itself (null: no backoff). End it early with "
+        "pools/<name>/end-backoff.",
+    )
+    backoffs = serializers.IntegerField(help_text="Backoffs asked of this pool so far.")
     description = serializers.CharField()
     defined_in_settings = serializers.BooleanField()
     counts = serializers.DictField(

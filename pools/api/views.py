@@ -29,6 +29,7 @@ from pools.api.schema import OpenApiParameter, OpenApiResponse, extend_schema, v
 from pools.celery import jobs
 from pools.core import (
     admission,
+    backoffs,
     capacity,
     entry_pages,
     explain,
@@ -253,6 +254,26 @@ class PoolResumeView(_PauseView):
     def post(self, request: Request, name: str) -> Response:
         """Resume the pool."""
         return super().post(request, name)
+
+
+class PoolEndBackoffView(PoolsAPIView):
+    """``POST pools/<name>/end-backoff``: resume a pool in backoff now."""
+
+    perms = _perms(POST="pools.change_pool")
+
+    @extend_schema(
+        operation_id="pools_end_backoff",
+        request=None,
+        responses=_PAUSE_RESPONSES,
+        description="End the pool's backoff now (a timed pause a task asked for with "
+        "pools.Backoff): admission runs after the change commits. A pool paused by hand "
+        "stays paused (use resume). Idempotent. The change is logged.",
+    )
+    def post(self, request: Request, name: str) -> Response:
+        """End the pool's backoff."""
+        backoffs.end_early(name, actor=_actor(request))
+        snap = snapshots.snapshot(name, head=DETAIL_HEAD, recent=DETAIL_RECENT)
+        return Response(s.PoolSnapshotSerializer(snap).data)
 
 
 def _overrides_body(name: str) -> dict[str, Any]:

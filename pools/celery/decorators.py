@@ -22,12 +22,10 @@ from celery.local import PromiseProxy, Proxy
 
 from pools.celery import worker
 from pools.exceptions import PoolConfigurationError
-from pools.specs import PoolSpec, with_arguments_of
+from pools.specs import SPEC_ATTR, PoolSpec, with_arguments_of
+from pools.specs import spec_of as spec_of  # re-exported: the name callers know
 
 T = TypeVar("T")
-
-#: Attribute carrying the spec on the wrapped ``run`` function.
-SPEC_ATTR = "__pooled__"
 
 
 @with_arguments_of(PoolSpec.build)
@@ -80,13 +78,6 @@ def pooled(*args: Any, **options: Any) -> Callable[[T], T]:
         raise PoolConfigurationError(f"@pooled can decorate a task or a function, not {obj!r}.")
 
     return decorate
-
-
-def spec_of(task: Any) -> PoolSpec | None:
-    """The spec of a task instance, class or function, or None if it is not pooled."""
-    run = getattr(task, "run", task)
-    spec = getattr(run, SPEC_ATTR, None)
-    return spec if isinstance(spec, PoolSpec) else None
 
 
 def _spec_repr(spec: PoolSpec) -> str:

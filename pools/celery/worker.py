@@ -24,13 +24,13 @@ from celery.worker import state as worker_state
 from django.db import connection, connections
 
 from pools import checks, conf
-from pools.celery import default_pool, messages, received, results
+from pools.celery import backoff, default_pool, messages, received, results
 from pools.celery.keeper import body_running, keeper
 from pools.celery.messages import claim_of
 from pools.core import admission, budgets, leases, locking, nodes
 from pools.core.engine import engine
 from pools.core.leases import Claim
-from pools.exceptions import LeaseLost, PoolUnavailable
+from pools.exceptions import Backoff, LeaseLost, PoolUnavailable
 from pools.pg import fastpath
 from pools.states import Origin
 
@@ -46,6 +46,8 @@ _claims_lock = threading.Lock()
 _timed: dict[str, float] = {}
 #: Deliveries whose body was cut off by a terminate signal to this (pool) process.
 _exiting: set[str] = set()
+#: Deliveries whose body backed off (:mod:`pools.celery.backoff`): their entry waits again.
+_backed_off: set[str] = set()
 
 #: Celery task states -> entry outcome.
 OUTCOMES = {
@@ -120,6 +122,11 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     try:
         with body_running():
             return fn(*args, **kwargs)
+    except Backoff as exc:
+        backoff.back_off(task, request, claim, exc)
+        with _claims_lock:
+            _backed_off.add(request.id)
+        raise Ignore() from None
     except LeaseLost:
         if keeper.is_lost(claim.entry_id):
             # Our slots may already be re-issued: store no result; the entry runs again.
@@ -224,6 +231,8 @@ def _settle_after_run(
         started = _timed.pop(task_id, None)
         exiting = task_id in _exiting
         _exiting.discard(task_id)
+        backed_off = task_id in _backed_off
+        _backed_off.discard(task_id)
     if claim is None:
         return
     collapsed = getattr(getattr(sender, "request", None), messages.DEBOUNCED_HEADER, None)
@@ -233,6 +242,8 @@ def _settle_after_run(
         except Exception:
             logger.exception("%s: could not store its result under the calls it collapsed", task_id)
     lost, expires_at = keeper.release(claim.entry_id)
+    if backed_off:  # its entry is back in line: nothing to settle (and no result stored)
+        return
     if exiting:
         logger.warning(
             "%s: its pool process is exiting (signal) under the body of entry %s; the main "

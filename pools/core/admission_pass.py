@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from django.db.models import Case, F, Value, When
 
 from pools import conf
-from pools.core import eligibility, events, nodes, spendcap, strategies, windows
+from pools.core import backoff_ends, eligibility, events, nodes, spendcap, strategies, windows
 from pools.core.ending import expire_entries
 from pools.core.held import change_held, held_by_pool
 from pools.core.records import Admission, Finished
@@ -52,6 +52,12 @@ def admit_locked(pools: dict[str, Pool], now: datetime) -> PassResult:
     free = {pid: p.slots - held.get(pid, 0) for pid, p in by_id.items()}
     lease = timedelta(seconds=conf.get().LEASE_SECONDS)
     _promote_due(pools, now, result)
+    backoff_ends.end_due_locked(pools.values(), now)
+    for pool in pools.values():
+        if pool.backoff_until is not None:  # still in backoff: look again when it ends
+            result.wake[pool.name] = min(
+                result.wake.get(pool.name, pool.backoff_until), pool.backoff_until
+            )
     capped = spendcap.capped_names(pools.values())
     if capped:  # admits nothing today: look again when the next UTC day starts
         for name in capped:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from pools.core import admission, events
@@ -71,14 +72,16 @@ def set_paused(name: str, paused: bool, *, actor: str | None = None) -> bool:
 
     Returns True if the pool's state changed. The change is logged as a capacity event;
     resuming runs admission after commit. Raises :class:`UnknownPool` for an unknown name.
+    A pool in backoff (:mod:`pools.core.backoffs`) is paused already: pausing it keeps it
+    paused after the backoff's end, resuming it ends the backoff now.
     """
 
     now = timezone.now()
     with transaction.atomic():
         changed = (
             Pool.objects.filter(name=name)
-            .exclude(paused=paused)
-            .update(paused=paused, updated_at=now)
+            .filter(~Q(paused=paused) | Q(backoff_until__isnull=False))
+            .update(paused=paused, backoff_until=None, updated_at=now)
         )
         if not changed and not Pool.objects.filter(name=name).exists():
             raise UnknownPool(name)

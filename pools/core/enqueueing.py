@@ -201,7 +201,7 @@ def refuse(
     """Raise the refusal that wins (docs/concepts/contract.md), if any; under the locks.
 
     Precedence: an unknown pool, then a demand above a pool's capacity, then a pool paused
-    with ``paused_policy="reject"``, then a draining pool, then a full backlog whose
+    with ``paused_policy="reject"`` (not one in backoff: it queues), then a draining pool, then a full backlog whose
     overflow policy is ``reject``; within each, the first pool by name.
     The enqueue function of the fast path does the same, and hands the policies to this function.
     A full backlog with ``drop_oldest`` / ``drop_newest`` drops one waiting entry
@@ -216,7 +216,10 @@ def refuse(
         if demand[name] > pools[name].slots:
             raise DemandExceedsCapacity(name, demand[name], pools[name].slots)
     for name in names:
-        if pools[name].paused and pools[name].paused_policy == PausedPolicy.REJECT:
+        pool = pools[name]
+        # A backoff (pools.core.backoffs) is a pause that queues whatever the policy: the
+        # partner asked for time, not for the work to be refused.
+        if pool.paused and pool.paused_policy == PausedPolicy.REJECT and pool.backoff_until is None:
             raise PoolPaused(name)
     for name in names:
         pool = pools[name]

@@ -10,7 +10,8 @@ in line: no position.
 **blocked_by** is one of a closed set (:data:`BLOCKERS`), decided per pool in this order:
 
 1. ``not_before``: the entry is not due yet (``detail["until"]``);
-2. ``paused``: the pool is paused; ``spend_cap``: the pool has spent its daily spend cap
+2. ``backoff``: the pool is backing off (a task body raised ``pools.Backoff``;
+   ``detail["until"]``: when it ends); ``paused``: the pool is paused; ``spend_cap``: the pool has spent its daily spend cap
    (slot-seconds per UTC day; ``detail["spent"]``, ``detail["cap"]``, ``detail["until"]``);
    ``rate_limited``: a rate of the pool (:mod:`pools.core.rates`) has no room for the
    pool's next admission (``detail["rate"]``, ``detail["until"]``: when its window opens);
@@ -70,6 +71,7 @@ BLOCKERS = (
     "task_cap",
     "spend_cap",
     "rate_limited",
+    "backoff",
 )
 
 
@@ -200,6 +202,18 @@ def decide(
     holder_keys = [{"queue_id": d.entry_id, "key": d.entry.key} for d in view.holders]
     ahead = (position or 1) - 1
     behind = f" {ahead} entr{'y' if ahead == 1 else 'ies'} ahead." if ahead else ""
+    if pool.paused and pool.backoff_until is not None:
+        until = pool.backoff_until
+        return PoolPlace(
+            pool=name,
+            slots=slots,
+            position=position,
+            blocked_by="backoff",
+            message=f"Pool {name!r} is backing off (a task was told to slow down, e.g. HTTP "
+            f"429): nothing is admitted until {_fmt(until)}.{behind}",
+            detail={"ahead": ahead, "until": until.isoformat()},
+            eta=max(until, eta) if eta is not None else until,
+        )
     if pool.paused:
         return PoolPlace(
             pool=name,

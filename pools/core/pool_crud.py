@@ -110,6 +110,10 @@ def update_pool(
             windows.reset(pool)  # new rates start from empty windows
         for key, value in values.items():
             setattr(pool, key, value)
+        if pool.backoff_until is not None and not pool.paused:
+            # Unpausing a pool in backoff ends the backoff (pools.core.backoffs).
+            pool.backoff_until = None
+            values["backoff_until"] = None
         pool_fields.check_order(pool.strategy, pool.aging_seconds)
         pool.save(update_fields=[*values, "updated_at"])
         if reorder:  # logged by pool_saved, with the actor (a "field" capacity event)

@@ -78,6 +78,12 @@ def sync() -> SyncReport:
                 "defined_in_settings": True,
                 "retiring": False,
             }
+            if pool.backoff_until is not None:
+                # A backoff outlives a restart's sync; a pool declared paused stays paused
+                # after it (pools.core.backoffs).
+                wanted["paused"] = True
+                if d.paused:
+                    wanted["backoff_until"] = None
             if configured_slots(pool) == d.slots and all(
                 getattr(pool, k) == v for k, v in wanted.items()
             ):

@@ -114,6 +114,11 @@ class PoolSnapshot:
     rate: list[str] = field(default_factory=list)
     #: Removed from settings while it held or queued work: deleted once empty.
     retiring: bool = False
+    #: End of the pool's backoff (a timed pause a task asked for: ``paused`` is true until
+    #: then; :mod:`pools.core.backoffs`); ``None`` when it is not backing off.
+    backoff_until: datetime | None = None
+    #: Backoffs asked of this pool so far.
+    backoffs: int = 0
     #: Unfinished entries per demand state (``waiting``, ``admitted``, ``running``, ...).
     counts: dict[str, int] = field(default_factory=dict)
     #: The latest terminal entries (finished within the hold window), newest first.
@@ -379,6 +384,8 @@ def _build_many(pools: list[Pool], head: int, recent: int, now: datetime) -> lis
                 spent_today=spendcap.spent(p) if p.spend_cap is not None else 0.0,
                 rate=rates.as_list(p.rate),
                 retiring=p.retiring,
+                backoff_until=p.backoff_until,
+                backoffs=p.backoffs,
                 held=view.held,
                 waiting=counts[p.pk]["waiting"],
                 counts=counts[p.pk],

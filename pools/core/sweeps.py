@@ -15,7 +15,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from pools import conf
-from pools.core import admission, dispatch, per_key, settings_sync
+from pools.core import admission, backoffs, dispatch, per_key, settings_sync
 from pools.core.locking import locked_pools
 from pools.models import Demand, Pool, PoolEvent, QueueEntry, RunBudget
 from pools.states import TERMINAL_STATES
@@ -56,6 +56,7 @@ def sweep(now: datetime | None = None) -> SweepReport:
     requeued = reclaim(now)
     expired = admission.expire_due(now)
     admission.note_due_entries()  # entries of a caller that died right after its commit
+    backoffs.end_due(now)  # pools whose backoff ended (a restart lost its wake-up)
     admitted = len(admission.admit_all())
     report = SweepReport(
         requeued=requeued,

@@ -284,3 +284,25 @@ def debounced_refresh(path: str, tenant: str, x: int) -> dict:
     if x < 0:
         raise ValueError(f"refused x={x}")
     return {"tenant": tenant, "x": x}
+
+
+#: Pool of the backoff acceptance test (docs/howto/backoff.md); created by the test itself.
+BACKOFF_POOL = "partner-429"
+
+
+@shared_task
+@pooled(BACKOFF_POOL, slots=1, max_backoffs=2)
+def partner_call(path: str, name: str, answers_429: int, seconds: float = 4.0) -> dict:
+    """Call a (pretend) partner API that answers 429 to the first ``answers_429`` attempts
+    of ``name``: append one line per body start to ``path`` (the independent log of
+    starts), then back off with a Retry-After of ``seconds``, or return."""
+    started = time.time()
+    with open(path) as seen:
+        earlier = sum(1 for line in seen if json.loads(line)["name"] == name)
+    with open(path, "a") as out:
+        out.write(json.dumps({"name": name, "start": started, "pid": os.getpid()}) + "\n")
+    if earlier < answers_429:
+        import pools
+
+        raise pools.Backoff.from_retry_after(str(int(seconds)), default=seconds)
+    return {"name": name, "attempt": earlier + 1}

@@ -59,6 +59,7 @@ def test_pooled__passes_every_option_to_the_spec_and_refuses_unknown_ones() -> N
         "max_running": 2,
         "fairness_key": "tenant",
         "rate": "5/s",
+        "max_backoffs": 3,
     }
     # Debounce excludes a policy other than allow and an idempotency key: its own call.
     debounced: dict[str, Any] = {"debounce": 2.5, "debounce_key": job, "rate": "5/s"}

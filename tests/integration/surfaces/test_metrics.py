@@ -153,3 +153,35 @@ def test_read__a_rate_only_pool_has_unlimited_capacity(recorder: RecordingBridge
     make_pool("r", rates.UNLIMITED_SLOTS, rate="20/s")
     by_pool = {m.pool: m for m in metrics.read()}
     assert by_pool["r"].capacity == float("inf")
+
+
+def _backoff_scenario() -> None:
+    """Pool ``b`` backs off for a minute; pool ``n`` never did."""
+    from pools.core import backoffs
+
+    make_pool("b", 1)
+    make_pool("n", 1)
+    entry = QueueEntry.objects.get(pk=submit("b", key="b1").entry_id)
+    assert backoffs.back_off(entry.queue_id, entry.token, 60, limit=5).requeued
+
+
+def test_read__backoffs_and_the_seconds_left(recorder: RecordingBridge) -> None:
+    _backoff_scenario()
+    by_pool = {m.pool: m for m in metrics.read()}
+    assert by_pool["b"].backoffs == 1 and by_pool["b"].paused
+    assert 0 < by_pool["b"].backoff_seconds <= 60
+    assert (by_pool["n"].backoffs, by_pool["n"].backoff_seconds) == (0, 0.0)
+
+
+@override_settings(ROOT_URLCONF="tests.integration.surfaces.test_metrics")
+def test_view__backoffs(admin_client: Client, recorder: RecordingBridge) -> None:
+    if not HAVE_CLIENT:
+        if IN_CI:
+            pytest.fail("prometheus_client is not installed (the 'metrics' extra)")
+        pytest.skip("prometheus_client is not installed (the 'metrics' extra)")
+    _backoff_scenario()
+    text = admin_client.get("/metrics/").content.decode()
+    assert 'pools_backoffs_total{pool="b"} 1.0' in text
+    assert 'pools_backoffs_total{pool="n"} 0.0' in text
+    assert 'pools_backoff_remaining_seconds{pool="n"} 0.0' in text
+    assert 'pools_backoff_remaining_seconds{pool="b"} 5' in text  # 59.9… s left
