@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0003_debounce_key"),
+        ("pools", "0004_event_key_actor_indexes"),
     ]
 
     operations = [
