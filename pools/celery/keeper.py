@@ -232,7 +232,13 @@ class LeaseKeeper:
             try:
                 if self.partitioned:
                     raise DatabaseError("simulated partition (pools.testing)")
-                until = leases.renew(h.claim.entry_id, h.claim.token)
+                c = h.claim
+                until = leases.renew(
+                    c.entry_id,
+                    c.token,
+                    started_at=None if c.start_written else c.started_at,
+                    worker=c.worker,
+                )
             except DatabaseError as exc:
                 _reset_connection()
                 # Interrupt while there is still time: the next pass would be too late.
@@ -262,7 +268,14 @@ class LeaseKeeper:
             try:
                 if self.partitioned:
                     raise DatabaseError("simulated partition (pools.testing)")
-                admission.settle(p.claim.entry_id, p.claim.token, p.outcome, live_lease=True)
+                admission.settle(
+                    p.claim.entry_id,
+                    p.claim.token,
+                    p.outcome,
+                    live_lease=True,
+                    started_at=p.claim.started_at,
+                    worker=p.claim.worker,
+                )
             except Exception:
                 _reset_connection()
                 p.attempts += 1

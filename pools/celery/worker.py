@@ -246,14 +246,23 @@ def _settle_after_run(
         _charge_seconds(claim, started)
     try:
         if lost:
+            fastpath.release_fence(claim.entry_id)
             admission.requeue(claim.entry_id, claim.token, reason="lease lost")
             return
         if state == "REJECTED" and getattr(retval, "requeue", False):
+            fastpath.release_fence(claim.entry_id)  # the redelivery starts it again
             leases.redeliver(claim.entry_id, claim.token)
             return
         outcome = OUTCOMES.get(state or "", "failed")
         try:
-            settled = admission.settle(claim.entry_id, claim.token, outcome, live_lease=True)
+            settled = admission.settle(
+                claim.entry_id,
+                claim.token,
+                outcome,
+                live_lease=True,
+                started_at=claim.started_at,
+                worker=claim.worker,
+            )
         except Exception:
             # The keeper logs "pool <name>: retry settlement deferred" once per outage.
             logger.debug("Could not settle entry %s now", claim.entry_id, exc_info=True)

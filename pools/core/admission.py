@@ -104,14 +104,30 @@ def enqueue(sub: Submission) -> Enqueued:
 
 
 def settle(
-    entry_id: int, token: int, outcome: str, *, reason: str = "", live_lease: bool = False
+    entry_id: int,
+    token: int,
+    outcome: str,
+    *,
+    reason: str = "",
+    live_lease: bool = False,
+    started_at: datetime | None = None,
+    worker: str = "",
 ) -> bool:
     """Finish a held attempt (exactly once per token), then admit the next entries.
 
     Returns False, changing nothing, when the token is stale, the entry already settled,
-    or (``live_lease=True``, used by workers) its lease has already lapsed.
+    or (``live_lease=True``, used by workers) its lease has already lapsed. ``started_at``
+    and ``worker`` (a fenced start wrote neither) fill the entry's when it has none.
     """
-    return engine().settle(entry_id, token, outcome, reason=reason, live_lease=live_lease)
+    return engine().settle(
+        entry_id,
+        token,
+        outcome,
+        reason=reason,
+        live_lease=live_lease,
+        started_at=started_at,
+        worker=worker[:255],
+    )
 
 
 def requeue(

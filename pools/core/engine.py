@@ -45,13 +45,23 @@ class Engine(Protocol):
         ...
 
     def start(self, entry_id: int, token: int, *, worker: str) -> Claim | None:
-        """Mark an admitted entry running; None for a stale token or a pinned entry."""
+        """Start an admitted entry (fenced, or marked running); None for a stale token, a
+        pinned entry, or a fence another session holds."""
         ...
 
     def settle(
-        self, entry_id: int, token: int, outcome: str, *, reason: str, live_lease: bool
+        self,
+        entry_id: int,
+        token: int,
+        outcome: str,
+        *,
+        reason: str,
+        live_lease: bool,
+        started_at: datetime | None = None,
+        worker: str = "",
     ) -> bool:
-        """Finish a held attempt once per token, then admit the next entries."""
+        """Finish a held attempt once per token, then admit the next entries (recording
+        ``started_at`` and ``worker`` when the entry has none: a fenced start)."""
         ...
 
     def requeue(

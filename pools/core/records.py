@@ -155,3 +155,10 @@ class Claim:
     demand: dict[str, int]
     #: When the lease runs out unless renewed.
     lease_expires_at: datetime
+    #: False when the start wrote nothing (a fenced start: the entry stays ``admitted``
+    #: until the lease keeper's first renewal, and the settle records when and where it
+    #: started).
+    start_written: bool = True
+    #: When the body was started (the start's clock), and on which worker.
+    started_at: datetime | None = None
+    worker: str = ""

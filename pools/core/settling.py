@@ -13,7 +13,8 @@ from dataclasses import replace
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Case, Value, When
+from django.db.models import Case, DateTimeField, F, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from pools.core import budgets, dispatch, events, spendcap
@@ -25,6 +26,7 @@ from pools.core.records import BUDGET, Admission
 from pools.core.supersession import supersede_retries
 from pools.exceptions import EntryNotFound, NotCancellable
 from pools.models import Demand, QueueEntry
+from pools.pg import fence
 from pools.states import HELD_STATES, ConcurrencyPolicy, EntryState, EventKind
 
 logger = logging.getLogger("pools.core.admission")
@@ -34,7 +36,14 @@ TERMINATING = "terminating"
 
 
 def settle_with_locks(
-    entry_id: int, token: int, outcome: str, *, reason: str = "", live_lease: bool = False
+    entry_id: int,
+    token: int,
+    outcome: str,
+    *,
+    reason: str = "",
+    live_lease: bool = False,
+    started_at: datetime | None = None,
+    worker: str = "",
 ) -> bool:
     """:func:`pools.core.admission.settle` on the ORM engine: under the pools' locks."""
     with unavailable_on_error(f"settling entry {entry_id}"):
@@ -54,6 +63,9 @@ def settle_with_locks(
             reason=Case(When(reason=TERMINATING, then=Value("revoked")), default=Value(reason)),
             finished_at=now,
             lease_expires_at=None,
+            # A fenced start wrote neither (settle_v8's p_started, p_worker).
+            started_at=Coalesce(F("started_at"), Value(started_at, DateTimeField())),
+            worker=Case(When(worker="", then=Value(worker)), default=F("worker")),
         )
         if changed:
             entry.refresh_from_db(fields=["key", "token", "demand", "state", "admitted_at"])
@@ -111,6 +123,8 @@ def requeue(
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
         states = [EntryState.ADMITTED] if unstarted else HELD_STATES
+        if unstarted and fence.taken_elsewhere(entry_id):
+            return False  # a worker started it fenced (it stays 'admitted'): leave it alone
         claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=states)
         if lapsed_before is not None:  # re-checked under the lock: a start may have renewed it
             claim = claim.filter(lease_expires_at__lt=lapsed_before)

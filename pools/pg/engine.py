@@ -94,32 +94,59 @@ class PostgresEngine(OrmEngine):
         return super().enqueue(sub, now, deadline, budgeted=budgeted)
 
     def start(self, entry_id: int, token: int, *, worker: str) -> Claim | None:
-        """One call of the start function."""
-        reply = fastpath.call(
-            functions.name("start"),
-            [
-                entry_id,
-                token,
-                worker,
-                timezone.now(),
-                conf.get().LEASE_SECONDS,
-                fastpath.listening(),
-            ],
-            what="starting a claim",
-        )
+        """One call of the start function: fenced on pools' own connection (the session
+        keeps the entry's fence for the body and writes nothing in the common case),
+        written elsewhere (docs/concepts/contract.md, *start*)."""
+        fenced = fastpath.holds_fences()
+        now = timezone.now()
+        try:
+            reply = fastpath.call(
+                functions.name("start"),
+                [
+                    entry_id,
+                    token,
+                    worker,
+                    now,
+                    conf.get().LEASE_SECONDS,
+                    fastpath.listening(),
+                    fenced,
+                    fastpath.fenced_entry() if fenced else 0,
+                ],
+                what="starting a claim",
+            )
+        except Exception:
+            if fenced:  # which locks the session holds is unknown now: end it (frees them)
+                fastpath.close_own_connection()
+            raise
         row = reply.first("started")
+        if fenced:  # the previous fence is released; this one is held if it started
+            fastpath.hold_fence(entry_id if row is not None else 0)
         if row is None or row.at is None:
             return None
         events.announce(reply.events, committed=reply.committed)
         return Claim(
-            entry_id=entry_id, token=token, demand=dict(row.demand or {}), lease_expires_at=row.at
+            entry_id=entry_id,
+            token=token,
+            demand=dict(row.demand or {}),
+            lease_expires_at=row.at,
+            start_written=row.state != "admitted",
+            started_at=now,
+            worker=worker,
         )
 
     def settle(
-        self, entry_id: int, token: int, outcome: str, *, reason: str, live_lease: bool
+        self,
+        entry_id: int,
+        token: int,
+        outcome: str,
+        *,
+        reason: str,
+        live_lease: bool,
+        started_at: datetime | None = None,
+        worker: str = "",
     ) -> bool:
         """One call of the settle function, then the passes it hands to the ORM engine."""
-        return _settle_in_one_call(entry_id, token, outcome, reason, live_lease)
+        return _settle_in_one_call(entry_id, token, outcome, reason, live_lease, started_at, worker)
 
 
 #: The PostgreSQL engine (it keeps no state; pools' own connection is :mod:`fastpath`'s).
@@ -204,7 +231,13 @@ def _on_commit(reply: fastpath.Reply) -> list[Admission]:
 
 
 def _settle_in_one_call(
-    entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
+    entry_id: int,
+    token: int,
+    outcome: str,
+    reason: str,
+    live_lease: bool,
+    started_at: datetime | None,
+    worker: str,
 ) -> bool:
     """:func:`pools.core.admission.settle` as one call of the settle function (PostgreSQL fast path)."""
     reply = fastpath.call(
@@ -218,6 +251,8 @@ def _settle_in_one_call(
             timezone.now(),
             conf.get().LEASE_SECONDS,
             fastpath.listening(),
+            started_at,
+            worker,
         ],
         what=f"settling entry {entry_id}",
     )

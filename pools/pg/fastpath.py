@@ -159,7 +159,7 @@ def decode(
     committed: bool = False,
     jsonb_as_text: bool = False,
 ) -> Reply:
-    """Rows of a v7 function as :class:`Row` objects, by column name (``o_`` dropped).
+    """Rows of a function as :class:`Row` objects, by column name (``o_`` dropped).
 
     ``jsonb_as_text``: the connection hands ``jsonb`` columns over as their JSON text (Django's
     connection does, for its ``JSONField``); pools' own connection hands them over decoded.
@@ -224,6 +224,9 @@ class _Own(threading.local):
     conn: Any = None
     pid: int = 0
     timeout_ms: int = -1
+    #: The entry whose fence (session advisory lock, :mod:`pools.pg.fence`) this thread's
+    #: session still holds from a start; 0 for none. Released by the next start.
+    fenced: int = 0
 
 
 _own = _Own()
@@ -243,6 +246,7 @@ def use_own_connection(enabled: bool = True) -> None:
 def close_own_connection() -> None:
     """Close this thread's own connection (the next call opens a new one)."""
     conn, _own.conn = _own.conn, None
+    _own.fenced = 0  # a closed session holds no lock
     if conn is not None and _own.pid == os.getpid():
         try:
             conn.close()
@@ -297,7 +301,7 @@ def _connect() -> Any:
             if k not in {"cursor_factory", "context", "prepare_threshold"}
         }
         conn = psycopg.connect(autocommit=True, **_bounded(params), **_prepare_params())
-        _own.conn, _own.pid, _own.timeout_ms = conn, os.getpid(), -1
+        _own.conn, _own.pid, _own.timeout_ms, _own.fenced = conn, os.getpid(), -1, 0
     ms = lock_ms()
     if _own.timeout_ms != ms and prepared_statements():  # else SET LOCAL per call
         conn.execute(f"SET statement_timeout = {ms}")  # an int: nothing to quote
@@ -310,6 +314,48 @@ def _bounded(params: dict[str, Any]) -> dict[str, Any]:
     keepalives, ``tcp_user_timeout``) for the keys the user did not set: a hung socket
     fails within a bound instead of blocking a worker forever."""
     return bound_client_options(params)
+
+
+def holds_fences() -> bool:
+    """True when a call made now runs on pools' own connection with session state (a
+    worker, prepared statements on): the session can hold a start's fence for the body.
+
+    Not on Django's connection (Celery's Django fixup may close it around a task, and
+    inside a transaction the call belongs to the caller) nor behind a transaction pooler
+    (the next call may run on another server session).
+    """
+    return _Own.enabled and not connection.in_atomic_block and prepared_statements()
+
+
+def fenced_entry() -> int:
+    """The entry whose fence this thread's own session holds (0 for none)."""
+    conn = _own.conn
+    if conn is None or _own.pid != os.getpid() or conn.closed or conn.broken:
+        _own.fenced = 0
+    return _own.fenced
+
+
+def hold_fence(entry_id: int) -> None:
+    """Record that this thread's own session now holds the fence of ``entry_id`` (0: none)."""
+    _own.fenced = entry_id
+
+
+def release_fence(entry_id: int) -> None:
+    """Release the fence of ``entry_id`` now if this thread's own session holds it.
+
+    For the rare ends after which the same claim may start again soon (a lost lease, a
+    redelivery): the common case leaves it to the next start (its ``p_release``). A
+    failure closes the session, which releases every lock it held.
+    """
+    if not entry_id or fenced_entry() != entry_id:
+        return
+    from pools.pg import fence
+
+    try:
+        _own.conn.execute("SELECT pg_advisory_unlock(%s, %s)", fence.key(entry_id))
+        _own.fenced = 0
+    except Exception:
+        close_own_connection()
 
 
 def own_backend_pid() -> int:

@@ -28,7 +28,8 @@ INITIAL = "0001_release_0_1_0"
 #: sha256 of the file the initial migration runs, and of every shipped delta (by path
 #: under pools/pg/sql/).
 PINNED = {
-    "schema.sql": "559ed9dc40c5f9f58983e54906bf670e662b70c926bfc7e2bef590b37227955d",
+    "baseline-0.1.0.sql": "559ed9dc40c5f9f58983e54906bf670e662b70c926bfc7e2bef590b37227955d",
+    "deltas/0.2.0_fenced_start.sql": "8394a34481b0bf52a83a435f7e4e8ad677fec938e4d426f2c1051ef254791c03",
 }
 
 FREEZE = (

@@ -44,11 +44,25 @@ class OrmEngine:
         return start(entry_id, token, worker=worker)
 
     def settle(
-        self, entry_id: int, token: int, outcome: str, *, reason: str, live_lease: bool
+        self,
+        entry_id: int,
+        token: int,
+        outcome: str,
+        *,
+        reason: str,
+        live_lease: bool,
+        started_at: datetime | None = None,
+        worker: str = "",
     ) -> bool:
         """Settle under the pools' locks, then the admission pass."""
         return settling.settle_with_locks(
-            entry_id, token, outcome, reason=reason, live_lease=live_lease
+            entry_id,
+            token,
+            outcome,
+            reason=reason,
+            live_lease=live_lease,
+            started_at=started_at,
+            worker=worker,
         )
 
     def requeue(

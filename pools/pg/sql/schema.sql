@@ -2,7 +2,7 @@
 --
 -- This file holds the current stored functions. The initial migration runs it on a new
 -- database; from 0.1.0 on, a change is also written as a delta (deltas/README.md and
--- docs/howto/sql-changes.md). The version suffix of the names (_v7) is VERSION in
+-- docs/howto/sql-changes.md). The version suffix of the names (_v8) is VERSION in
 -- pools/pg/functions.py; Python code calls the functions through functions.name().
 --
 -- The contract both paths implement is docs/concepts/contract.md. These functions are
@@ -59,13 +59,14 @@
 --   enqueued  o_entry, o_key, o_token
 --   settled   o_entry, o_key, o_token, o_demand, o_state (the state it settled in),
 --             o_detail ({"job": job} when the entry has a job, else NULL)
---   started   o_entry, o_key, o_token, o_demand, o_at (lease end)
+--   started   o_entry, o_key, o_token, o_demand, o_state ('admitted': fenced, nothing
+--             written; 'running': written), o_at (lease end)
 --   admitted  o_entry, o_key, o_token, o_pool, o_task, o_args, o_kwargs, o_options
 --   fallback  o_pool
 --   wake      o_pool, o_at (when its next delayed entry is due, or its rate window opens;
 --             a pool may have both: the caller takes the earlier)
 --   event     o_event, o_event_kind, o_at, o_pool, o_entry, o_key, o_token, o_detail
-CREATE OR REPLACE FUNCTION pools_out_v7(
+CREATE OR REPLACE FUNCTION pools_out_v8(
     kind text, entry bigint DEFAULT NULL, key text DEFAULT NULL, token bigint DEFAULT NULL,
     pool text DEFAULT NULL, task text DEFAULT NULL, args jsonb DEFAULT NULL,
     kwargs jsonb DEFAULT NULL, options jsonb DEFAULT NULL, demand jsonb DEFAULT NULL,
@@ -84,7 +85,7 @@ $$;
 -- Admit simple heads of the (already locked) pools p_pools; returns one 'admitted' row
 -- per admission, one 'fallback' row per pool whose head needs the full pass, one 'wake'
 -- row per pool with a delayed entry due later, and (p_events) the events written.
-CREATE OR REPLACE FUNCTION pools_admit_v7(
+CREATE OR REPLACE FUNCTION pools_admit_v8(
     p_pools bigint[], p_now timestamptz, p_lease double precision, p_events boolean)
 RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
               o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
@@ -119,7 +120,7 @@ BEGIN
             -- A daily spend cap (pools_pool.spend_cap, migration 0016), paused or not: the
             -- Python pass adds a settled attempt's slot-seconds, then decides with the
             -- day's spend (pools/core/spendcap.py).
-            RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+            RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
             CONTINUE;
         END IF;
         v_next := r.next_due_at;
@@ -128,7 +129,7 @@ BEGIN
         IF r.next_due_at IS NOT NULL AND r.next_due_at <= p_now THEN
             IF r.strategy = 'fair' THEN
                 -- Due entries of a fair pool get their rounds on the Python pass.
-                RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
                 CONTINUE;
             END IF;
             UPDATE pools_demand d SET state = 'waiting'
@@ -144,7 +145,7 @@ BEGIN
                           AND d2.enqueued_at <= p_now)
             THEN
                 -- Multi-pool (or very many) due entries: the full pass moves them.
-                RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
                 CONTINUE;
             END IF;
             UPDATE pools_pool p SET next_due_at = (
@@ -154,12 +155,12 @@ BEGIN
             RETURNING p.next_due_at INTO v_next;
         END IF;
         IF v_next IS NOT NULL THEN
-            RETURN QUERY SELECT * FROM pools_out_v7('wake', pool => r.name::text, at => v_next);
+            RETURN QUERY SELECT * FROM pools_out_v8('wake', pool => r.name::text, at => v_next);
         END IF;
         CONTINUE WHEN r.paused;
         IF r.pending_slots IS NOT NULL THEN
             -- Draining after a capacity change: the Python pass decides (and ends the drain).
-            RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+            RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
             CONTINUE;
         END IF;
         -- Slots held in this pool (sabotage marker for tests/contention.py: keep this line).
@@ -195,7 +196,7 @@ BEGIN
                OR (SELECT count(*) FROM jsonb_object_keys(h.demand)) > 1
                OR h.pinned_worker <> ''
                OR (h.concurrency_policy = 'forbid' AND h.job <> '') THEN
-                RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
                 EXIT;
             END IF;
             EXIT WHEN h.slots > v_free;  -- the head waits for all its slots: no backfill
@@ -212,7 +213,7 @@ BEGIN
                 END LOOP;
                 IF v_opens IS NOT NULL THEN
                     -- Held back by a rate: the head blocks its line until the window opens.
-                    RETURN QUERY SELECT * FROM pools_out_v7(
+                    RETURN QUERY SELECT * FROM pools_out_v8(
                         'wake', pool => r.name::text, at => v_opens + v_offset);
                     EXIT;
                 END IF;
@@ -232,11 +233,11 @@ BEGIN
                 RAISE EXCEPTION 'pools: admission raced on entry % (lock order broken)', h.entry_id;
             END IF;
             UPDATE pools_demand SET state = 'admitted' WHERE entry_id = h.entry_id;
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'admitted', entry => a.queue_id, key => a.key, token => a.token,
                 pool => r.name::text, task => a.task, args => a.args, kwargs => a.kwargs,
                 options => a.options);
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'event', entry => a.queue_id, key => a.key, token => a.token,
                 pool => r.name::text, at => p_now, event_kind => 'admitted',
                 detail => jsonb_build_object('slots', h.slots))
@@ -259,11 +260,14 @@ $$;
 
 -- Settle a held attempt (compare-and-set on its token) and admit the next entries.
 -- Returns nothing when the token is stale, the entry settled already, or (p_live)
--- its lease has lapsed; otherwise one 'settled' row, its events, then pools_admit_v7's rows.
+-- its lease has lapsed; otherwise one 'settled' row, its events, then pools_admit_v8's rows.
 -- The terminate mark (reason 'terminating') is read under the pool locks, in the UPDATE.
-CREATE OR REPLACE FUNCTION pools_settle_v7(
+-- p_started and p_worker (a fenced start wrote neither; NULL and '' otherwise) fill
+-- started_at and worker when the entry has none yet.
+CREATE OR REPLACE FUNCTION pools_settle_v8(
     p_entry bigint, p_token bigint, p_outcome text, p_reason text, p_live boolean,
-    p_now timestamptz, p_lease double precision, p_events boolean, p_lock_ms integer)
+    p_now timestamptz, p_lease double precision, p_events boolean, p_started timestamptz,
+    p_worker text, p_lock_ms integer)
 RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
               o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
               o_state text, o_reason text, o_asked bigint, o_limit bigint, o_at timestamptz,
@@ -289,7 +293,9 @@ BEGIN
     UPDATE pools_queueentry e
        SET state = CASE WHEN e.reason = 'terminating' THEN 'cancelled' ELSE p_outcome END,
            reason = CASE WHEN e.reason = 'terminating' THEN 'revoked' ELSE p_reason END,
-           finished_at = p_now, lease_expires_at = NULL
+           finished_at = p_now, lease_expires_at = NULL,
+           started_at = COALESCE(e.started_at, p_started),
+           worker = CASE WHEN e.worker = '' THEN left(p_worker, 255) ELSE e.worker END
      WHERE e.queue_id = p_entry AND e.token = p_token AND e.state IN ('admitted', 'running')
        AND (NOT p_live OR e.lease_expires_at >= p_now)
     RETURNING e.key::text, e.state, e.job::text INTO v_key, v_state, v_job;
@@ -299,25 +305,38 @@ BEGIN
     UPDATE pools_demand SET state = v_state WHERE entry_id = p_entry;
     UPDATE pools_pool p SET held = p.held - (v_demand ->> p.name)::int
      WHERE p.id = ANY(v_pools);
-    RETURN QUERY SELECT * FROM pools_out_v7(
+    RETURN QUERY SELECT * FROM pools_out_v8(
         'settled', entry => p_entry, key => v_key, token => p_token, demand => v_demand,
         state => v_state,
         detail => CASE WHEN v_job <> '' THEN jsonb_build_object('job', v_job) END);
-    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v7(
+    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v8(
         'event', entry => p_entry, key => v_key, token => p_token, pool => d.key,
         at => p_now, event_kind => 'settled',
         detail => jsonb_build_object('slots', d.value::int, 'outcome', v_state)) o
       WHERE p_events;
-    RETURN QUERY SELECT * FROM pools_admit_v7(v_pools, p_now, p_lease, p_events);
+    RETURN QUERY SELECT * FROM pools_admit_v8(v_pools, p_now, p_lease, p_events);
 END
 $$;
 
--- Start an admitted entry (admitted -> running, compare-and-set on its token) and log it.
--- Returns one 'started' row (the entry's demand and lease end) and its events, or nothing
--- when the token is stale or the entry is pinned to another worker (node affinity). All times come from the caller's clock (p_now).
-CREATE OR REPLACE FUNCTION pools_start_v7(
+-- Start an admitted entry: a compare-and-set on its token, then either the fenced start
+-- (no write) or the written one (admitted -> running). Returns one 'started' row (the
+-- entry's demand, its lease end, and o_state: 'admitted' for a fenced start, 'running' for
+-- a written one) and its events, or nothing when the token is stale, the entry is pinned to
+-- another worker (node affinity), or (p_fence) another session holds the entry's fence.
+--
+-- The fence (p_fence, pools' own connection with session state): a session-level advisory
+-- lock on the entry, key (1886351212, entry mod 2^31 - 1), taken BEFORE the entry is read,
+-- so a requeue that commits first is seen, and one that checks the fence later sees it
+-- taken (pools.pg.fence). The caller's session keeps it for the body and releases it at its
+-- next start (p_release, the entry whose fence it still holds; 0 for none) or explicitly.
+-- A fenced start writes nothing when the lease has at least two thirds of LEASE_SECONDS
+-- left and no pool of the entry has a rate: the entry stays 'admitted' (the lease keeper's
+-- first renewal marks it running; settle records started_at and worker). Otherwise, and
+-- always without p_fence, the start is written as before. All times come from the caller's
+-- clock (p_now).
+CREATE OR REPLACE FUNCTION pools_start_v8(
     p_entry bigint, p_token bigint, p_worker text, p_now timestamptz, p_lease double precision,
-    p_events boolean, p_lock_ms integer)
+    p_events boolean, p_fence boolean, p_release bigint, p_lock_ms integer)
 RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
               o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
               o_state text, o_reason text, o_asked bigint, o_limit bigint, o_at timestamptz,
@@ -327,27 +346,51 @@ DECLARE
     v_demand jsonb;
     v_until timestamptz;
     v_key text;
+    v_state text := 'running';
     v_worker text := left(p_worker, 255);
 BEGIN
     PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
-    -- The lease is renewed only when less than two thirds of it are left (the lease keeper
-    -- renews every third): otherwise the start changes no indexed column (a HOT update).
-    UPDATE pools_queueentry e
-       SET state = 'running', started_at = p_now, worker = v_worker,
-           lease_expires_at = CASE
-               WHEN e.lease_expires_at >= p_now + make_interval(secs => p_lease * 2 / 3)
-               THEN e.lease_expires_at
-               ELSE p_now + make_interval(secs => p_lease) END
-     WHERE e.queue_id = p_entry AND e.token = p_token AND e.state = 'admitted'
-       AND (e.pinned_worker = '' OR e.pinned_worker = v_worker)
-    RETURNING e.demand, e.lease_expires_at, e.key::text INTO v_demand, v_until, v_key;
-    IF NOT FOUND THEN
-        RETURN;
+    IF p_release <> 0 THEN
+        PERFORM pg_advisory_unlock(1886351212, (p_release % 2147483647)::int4);
     END IF;
-    RETURN QUERY SELECT * FROM pools_out_v7(
+    IF p_fence THEN
+        IF NOT pg_try_advisory_lock(1886351212, (p_entry % 2147483647)::int4) THEN
+            RETURN;  -- a body of this entry runs in another session (a duplicate delivery)
+        END IF;
+        SELECT e.demand, e.lease_expires_at, e.key::text INTO v_demand, v_until, v_key
+          FROM pools_queueentry e
+         WHERE e.queue_id = p_entry AND e.token = p_token AND e.state = 'admitted'
+           AND (e.pinned_worker = '' OR e.pinned_worker = v_worker)
+           AND e.lease_expires_at >= p_now + make_interval(secs => p_lease * 2 / 3)
+           AND NOT EXISTS (SELECT 1 FROM pools_pool p
+                            WHERE p.rate <> '' AND p.name IN (SELECT jsonb_object_keys(e.demand)));
+        IF FOUND THEN
+            v_state := 'admitted';
+        END IF;
+    END IF;
+    IF v_state = 'running' THEN
+        -- The lease is renewed only when less than two thirds of it are left (the lease
+        -- keeper renews every third): otherwise the start changes no indexed column (HOT).
+        UPDATE pools_queueentry e
+           SET state = 'running', started_at = p_now, worker = v_worker,
+               lease_expires_at = CASE
+                   WHEN e.lease_expires_at >= p_now + make_interval(secs => p_lease * 2 / 3)
+                   THEN e.lease_expires_at
+                   ELSE p_now + make_interval(secs => p_lease) END
+         WHERE e.queue_id = p_entry AND e.token = p_token AND e.state = 'admitted'
+           AND (e.pinned_worker = '' OR e.pinned_worker = v_worker)
+        RETURNING e.demand, e.lease_expires_at, e.key::text INTO v_demand, v_until, v_key;
+        IF NOT FOUND THEN
+            IF p_fence THEN
+                PERFORM pg_advisory_unlock(1886351212, (p_entry % 2147483647)::int4);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT * FROM pools_out_v8(
         'started', entry => p_entry, key => v_key, token => p_token, demand => v_demand,
-        at => v_until);
-    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v7(
+        state => v_state, at => v_until);
+    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v8(
         'event', entry => p_entry, key => v_key, token => p_token, pool => d.key,
         at => p_now, event_kind => 'started',
         detail => jsonb_build_object('slots', d.value::int, 'worker', v_worker)) o
@@ -360,8 +403,8 @@ $$;
 -- precedence: the first unknown pool (by name), else the first pool (by name) whose
 -- capacity is below the demand, else ('policy') the first pool (by name) that is paused
 -- with paused_policy 'reject' or draining, else the first pool (by name) whose backlog
--- reached max_queued ('full', or 'policy' when its overflow policy drops an entry). Otherwise one 'enqueued' row, its events, then pools_admit_v7's rows.
-CREATE OR REPLACE FUNCTION pools_enqueue_v7(
+-- reached max_queued ('full', or 'policy' when its overflow policy drops an entry). Otherwise one 'enqueued' row, its events, then pools_admit_v8's rows.
+CREATE OR REPLACE FUNCTION pools_enqueue_v8(
     p_key text, p_task text, p_args jsonb, p_kwargs jsonb, p_options jsonb, p_demand jsonb,
     p_priority integer, p_now timestamptz, p_not_before timestamptz, p_deadline timestamptz,
     p_origin text, p_root text, p_parent text, p_attempt integer,
@@ -389,13 +432,13 @@ BEGIN
     SELECT min(k) INTO v_unknown FROM jsonb_object_keys(p_demand) k
      WHERE k NOT IN (SELECT p.name FROM pools_pool p WHERE p.id = ANY(v_pools));
     IF v_unknown IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM pools_out_v7('refused', pool => v_unknown, reason => 'unknown');
+        RETURN QUERY SELECT * FROM pools_out_v8('refused', pool => v_unknown, reason => 'unknown');
         RETURN;
     END IF;
     FOR r IN SELECT p.name, p.slots, (p_demand ->> p.name)::int AS asked
                FROM pools_pool p WHERE p.id = ANY(v_pools) ORDER BY p.name LOOP
         IF r.asked > r.slots THEN
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'refused', pool => r.name::text, reason => 'capacity', asked => r.asked::bigint,
                 lim => r.slots::bigint);
             RETURN;
@@ -406,7 +449,7 @@ BEGIN
               WHERE p.id = ANY(v_pools)
                 AND ((p.paused AND p.paused_policy = 'reject') OR p.pending_slots IS NOT NULL)
               ORDER BY p.name LIMIT 1 LOOP
-        RETURN QUERY SELECT * FROM pools_out_v7('refused', pool => r.name::text, reason => 'policy');
+        RETURN QUERY SELECT * FROM pools_out_v8('refused', pool => r.name::text, reason => 'policy');
         RETURN;
     END LOOP;
     FOR r IN SELECT p.id, p.name, p.max_queued, p.overflow, (p_demand ->> p.name)::int AS asked
@@ -417,7 +460,7 @@ BEGIN
                  WHERE d.pool_id = r.id AND d.state IN ('waiting', 'delayed')
                  LIMIT r.max_queued) w) >= r.max_queued THEN
             -- A full backlog that drops an entry instead: the Python path does it.
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'refused', pool => r.name::text,
                 reason => CASE WHEN r.overflow = 'reject' THEN 'full' ELSE 'policy' END,
                 asked => r.asked::bigint, lim => r.max_queued::bigint);
@@ -462,13 +505,13 @@ BEGIN
         UPDATE pools_pool p SET next_due_at = LEAST(COALESCE(p.next_due_at, p_not_before), p_not_before)
          WHERE p.id = ANY(v_pools);
     END IF;
-    RETURN QUERY SELECT * FROM pools_out_v7(
+    RETURN QUERY SELECT * FROM pools_out_v8(
         'enqueued', entry => v_entry, key => p_key, token => 0::bigint);
-    RETURN QUERY SELECT o.* FROM jsonb_each(p_demand) d, pools_out_v7(
+    RETURN QUERY SELECT o.* FROM jsonb_each(p_demand) d, pools_out_v8(
         'event', entry => v_entry, key => p_key, token => 0::bigint, pool => d.key,
         at => p_now, event_kind => 'enqueued',
         detail => jsonb_build_object('slots', d.value::int)) o
       WHERE p_events;
-    RETURN QUERY SELECT * FROM pools_admit_v7(v_pools, p_now, p_lease, p_events);
+    RETURN QUERY SELECT * FROM pools_admit_v8(v_pools, p_now, p_lease, p_events);
 END
 $$;
