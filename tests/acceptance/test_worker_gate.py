@@ -19,9 +19,10 @@ from pools.core import events as pool_events
 from pools.models import PoolEvent, QueueEntry
 from pools.states import EntryState, EventKind, Origin
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers, wait_for
+from tests.acceptance.faults_support import max_overlap
 from tests.celery_app import app
 from tests.support.bridge import RecordingBridge
-from tests.testapp.tasks import noted
+from tests.testapp.tasks import noted, noted_slowly
 
 pytestmark = WORKER_TEST_MARKS
 
@@ -133,3 +134,47 @@ def test_worker__redelivery_after_settle_is_skipped(
     assert len(events(result.id, EventKind.STARTED)) == 1
     assert QueueEntry.objects.get(key=result.id).state == EntryState.SUCCEEDED
     assert len(runs(path)) == 1
+
+
+def _redelivered_while_the_body_runs(
+    celery_workers: StartWorkers, recorder: RecordingBridge, tmp_path: Path, *, sabotage: bool
+) -> list[tuple[float, float]]:
+    """One admitted claim delivered to a worker and, once its body has started, delivered
+    again (as the broker redelivers an unacknowledged message) to another worker. Returns
+    the (start, end) of every body that ran."""
+    celery_workers(count=2, concurrency=1)
+    path = tmp_path / "spans.jsonl"
+    result = noted_slowly.delay(str(path), 4.0, sabotage)
+    (admitted,) = recorder.admissions
+    headers = {CLAIM_HEADER: f"{admitted.entry_id}:{admitted.token}"}
+    send_around_gate(noted_slowly.name, list(admitted.args), task_id=admitted.key, headers=headers)
+    wait_for(lambda: runs(path), 30, "the first body to start")
+    send_around_gate(noted_slowly.name, list(admitted.args), task_id=admitted.key, headers=headers)
+    result.get(timeout=TIMEOUT)
+    wait_settled(result.id)
+    if not sabotage:
+        wait_for(lambda: events(result.id, EventKind.SKIPPED), 30, "the duplicate to be skipped")
+    else:  # both bodies end
+        wait_for(lambda: len(runs(path)) == 4 or None, 30, "the second body to end")
+    lines = runs(path)
+    starts = {r["pid"]: r["at"] for r in lines if r["event"] == "start"}
+    ends = {r["pid"]: r["at"] for r in lines if r["event"] == "end"}
+    return [(starts[pid], ends.get(pid, float("inf"))) for pid in starts]
+
+
+def test_worker__a_delivery_while_the_body_runs_is_skipped_by_the_fence(
+    celery_workers: StartWorkers, recorder: RecordingBridge, tmp_path: Path
+) -> None:
+    """The fenced start writes nothing, yet a duplicate delivery never runs a second body
+    at once: the first body's session holds the entry's fence (PostgreSQL)."""
+    spans = _redelivered_while_the_body_runs(celery_workers, recorder, tmp_path, sabotage=False)
+    assert len(spans) == 1
+    assert max_overlap(spans) == 1
+
+
+def test_worker__sabotage_without_the_fence_a_redelivery_runs_a_second_body_at_once(
+    celery_workers: StartWorkers, recorder: RecordingBridge, tmp_path: Path
+) -> None:
+    """The proof above can fail: a body that drops its fence lets the duplicate run too."""
+    spans = _redelivered_while_the_body_runs(celery_workers, recorder, tmp_path, sabotage=True)
+    assert max_overlap(spans) == 2

@@ -88,6 +88,28 @@ def noted(path: str, x: int, y: int) -> int:
 
 
 @shared_task
+@pooled("warehouse", slots=1)
+def noted_slowly(path: str, seconds: float, drop_fence: bool = False) -> int:
+    """Append a ``start`` line, sleep ``seconds``, append an ``end`` line (to ``path``).
+
+    ``drop_fence`` (a sabotage): release every advisory lock of this process's own
+    connection first, the fence of its start included, as a broken fence would.
+    """
+    claim = current_claim()
+    if drop_fence:
+        from pools.pg import fastpath
+
+        fastpath._connect().execute("SELECT pg_advisory_unlock_all()")
+    line = {"pid": os.getpid(), "token": claim.token if claim else None}
+    with open(path, "a") as out:
+        out.write(json.dumps({**line, "event": "start", "at": time.time()}) + "\n")
+    time.sleep(seconds)
+    with open(path, "a") as out:
+        out.write(json.dumps({**line, "event": "end", "at": time.time()}) + "\n")
+    return os.getpid()
+
+
+@shared_task
 @pooled("partner-api")
 def echo_request(value: object) -> dict:
     """Return what the body received and the request fields plain Celery would give it."""
