@@ -134,7 +134,16 @@ def _worker(cycles: int, own: bool, barrier: Any, out: Any) -> None:
                 if claim is None:
                     raise RuntimeError(f"W7: start of entry {adm.entry_id} refused")
                 t0 = time.perf_counter()
-                if not admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True):
+                # As a worker settles: with when and where it started (a fenced start
+                # wrote neither).
+                if not admission.settle(
+                    adm.entry_id,
+                    adm.token,
+                    "succeeded",
+                    live_lease=True,
+                    started_at=claim.started_at,
+                    worker=claim.worker,
+                ):
                     raise RuntimeError(f"W7: settle of entry {adm.entry_id} refused")
                 lock_calls.append(time.perf_counter() - t0)
     out.put(

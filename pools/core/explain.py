@@ -344,7 +344,11 @@ def _not_waiting(entry: QueueEntry, d: Demand) -> PoolPlace:
     name = d.pool.name
     if entry.state == EntryState.ADMITTED:
         lease = f" (lease until {_fmt(entry.lease_expires_at)})" if entry.lease_expires_at else ""
-        message = f"Admitted: holds {d.slots} slot(s) of pool {name!r}{lease}, not started yet."
+        # A fenced start writes nothing: a body shows as running from its first renewal.
+        message = (
+            f"Admitted: holds {d.slots} slot(s) of pool {name!r}{lease}; not started yet, "
+            "or started less than a lease renewal ago."
+        )
     elif entry.state == EntryState.RUNNING:
         message = (
             f"Running on {entry.worker or 'a worker'}: holds {d.slots} slot(s) of pool {name!r}."

@@ -335,7 +335,11 @@ class Run:
             if target is None:
                 return self.advance()
             key, entry_id, token = target
-            return f"renew {key}", lambda: leases.renew(entry_id, token)
+            # The first renewal after a fenced start marks the entry running.
+            started = self.clock.now if rng.random() < 0.3 else None
+            return f"renew {key} fenced={started is not None}", lambda: leases.renew(
+                entry_id, token, started_at=started, worker="w1"
+            )
         if kind in {"settle", "settle_stale"}:
             states = ("admitted", "running") if kind == "settle" else ("succeeded", "waiting")
             target = self.pick(*states)
@@ -344,8 +348,21 @@ class Run:
             key, entry_id, token = target
             outcome = rng.choice(["succeeded", "succeeded", "failed", "retried"])
             live = rng.random() < 0.5
-            return f"settle {key} t{token} {outcome} live={live}", lambda: admission.settle(
-                entry_id, token, outcome, reason="", live_lease=live
+            # A worker passes when and where the body started (a fenced start wrote neither).
+            fenced = rng.random() < 0.5
+            started = self.clock.now - timedelta(seconds=1) if fenced else None
+            worker = rng.choice(["w1", "w" * 300]) if fenced else ""
+            return (
+                f"settle {key} t{token} {outcome} live={live} fenced={fenced}",
+                lambda: admission.settle(
+                    entry_id,
+                    token,
+                    outcome,
+                    reason="",
+                    live_lease=live,
+                    started_at=started,
+                    worker=worker,
+                ),
             )
         if kind in {"cancel", "terminate"}:
             target = self.pick("waiting") if rng.random() < 0.6 else self.pick()
