@@ -40,7 +40,7 @@ RECORDS = """
 SELECT r.xid::text, r.resource_manager, r.record_type, r.record_length,
        substring(r.block_ref from 'rel \\d+/(\\d+)/(\\d+)') AS db,
        substring(r.block_ref from 'rel \\d+/\\d+/(\\d+)') AS relfilenode
-  FROM pg_get_wal_records_info(%s::pg_lsn, pg_current_wal_lsn()) r
+  FROM pg_get_wal_records_info(%s::pg_lsn, pg_current_wal_flush_lsn()) r
 """
 
 
