@@ -128,7 +128,7 @@ def _older(signature: str) -> bool:
     """True for a function of an earlier version than this code's (the old chain kept the
     versions before the baseline's; a fresh database has the baseline's and the current)."""
     found = re.match(r"pools_[a-z]+_v(\d+)\(", signature)
-    return bool(found) and int(found.group(1)) < functions.VERSION
+    return found is not None and int(found.group(1)) < functions.VERSION
 
 
 def _current(found: dict[str, str]) -> dict[str, str]:
