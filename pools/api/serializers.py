@@ -61,7 +61,10 @@ class HolderSerializer(serializers.Serializer[Any]):
     state = serializers.CharField()
     priority = serializers.IntegerField()
     slots = serializers.IntegerField(help_text="Slots it holds in this pool.")
-    worker = serializers.CharField(help_text="Worker running it; empty until started.")
+    worker = serializers.CharField(
+        help_text="Worker running it; empty until its start is recorded (on PostgreSQL: "
+        "at the first lease renewal, or at the settle)."
+    )
     admitted_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
     lease_expires_at = serializers.DateTimeField(allow_null=True)
