@@ -24,6 +24,12 @@ pytestmark = WORKER_TEST_MARKS
 __all__ = ["shared_dir"]  # fixture
 
 
+def _started(where: Path) -> list[dict]:
+    """The bodies that have started, from their own notes: a fenced start (PostgreSQL)
+    leaves the entry ``admitted`` until the first lease renewal, after these bodies end."""
+    return [n for n in read_notes(where, "spans") if n["event"] == "start"]
+
+
 def test_shutdown__warm_shutdown_settles_running_bodies_before_the_worker_exits(
     celery_workers: StartWorkers, shared_dir: Path
 ) -> None:
@@ -31,11 +37,7 @@ def test_shutdown__warm_shutdown_settles_running_bodies_before_the_worker_exits(
     (worker,) = celery_workers(count=1, concurrency=2)
     results = [kill_span.delay(i, str(shared_dir), "nobody", 2.0) for i in range(2)]
     keys = [r.id for r in results]
-    wait_for(
-        lambda: QueueEntry.objects.filter(key__in=keys, state=EntryState.RUNNING).count() == 2,
-        30,
-        "both bodies to run",
-    )
+    wait_for(lambda: len(_started(shared_dir)) == 2, 30, "both bodies to run")
     leases = QueueEntry.objects.filter(key__in=keys).values_list("lease_expires_at", flat=True)
     lease_until = max(lease for lease in leases if lease is not None)
 
@@ -66,7 +68,7 @@ def test_shutdown__reserved_deliveries_are_requeued_not_left_holding_slots(
     keys = [r.id for r in results]
     wait_for(
         lambda: (
-            QueueEntry.objects.filter(key__in=keys, state=EntryState.RUNNING).count() == 1
+            len(_started(shared_dir)) == 1
             and "received" in worker.log_text()
             and worker.log_text().count("Task tests.testapp.fault_tasks.kill_span") >= 3
         ),
