@@ -8,7 +8,7 @@ The contract is ``docs/concepts/contract.md``; the public services are re-export
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -26,13 +26,23 @@ from pools.core.records import BUDGET, Admission
 from pools.core.supersession import supersede_retries
 from pools.exceptions import EntryNotFound, NotCancellable
 from pools.models import Demand, QueueEntry
-from pools.pg import fence
 from pools.states import HELD_STATES, ConcurrencyPolicy, EntryState, EventKind
 
 logger = logging.getLogger("pools.core.admission")
 
 #: ``reason`` of a held entry whose termination was requested (``cancel(terminate=True)``).
 TERMINATING = "terminating"
+
+
+#: Whether a worker started an entry without writing (a fenced start leaves it
+#: ``admitted``): registered by the PostgreSQL engine (:func:`pools.pg.fence.taken_elsewhere`),
+#: which the core does not import. Empty: no fenced starts.
+_fence_checks: list[Callable[[int], bool]] = []
+
+
+def on_fence_check(check: Callable[[int], bool]) -> None:
+    """Register the fence check an unstarted :func:`requeue` runs under the pools' locks."""
+    _fence_checks[:] = [check]
 
 
 def settle_with_locks(
@@ -114,7 +124,9 @@ def requeue(
     Used when a lease lapses or is lost, and when a publish fails; then ``admit=False``
     leaves re-admission to the next settle or sweep, so a broker outage cannot turn
     into a publish loop. ``unstarted=True`` (a message that may not have reached a worker)
-    leaves an entry a worker has already started alone. Returns False for a stale token.
+    leaves an entry a worker has already started alone, written or fenced (the check
+    registered with :func:`on_fence_check`, under the locks). Returns False for a stale
+    token.
     """
     with unavailable_on_error(f"requeueing entry {entry_id}"):
         entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
@@ -123,7 +135,7 @@ def requeue(
     now = timezone.now()
     with locked_pools(entry.demand) as pools:
         states = [EntryState.ADMITTED] if unstarted else HELD_STATES
-        if unstarted and fence.taken_elsewhere(entry_id):
+        if unstarted and any(check(entry_id) for check in _fence_checks):
             return False  # a worker started it fenced (it stays 'admitted'): leave it alone
         claim = QueueEntry.objects.filter(pk=entry_id, token=token, state__in=states)
         if lapsed_before is not None:  # re-checked under the lock: a start may have renewed it

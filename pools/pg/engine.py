@@ -21,7 +21,7 @@ from pools.core.enqueueing import shown
 from pools.core.pass_runs import admit_after_settle, admit_later, follow_up, requeue_unpublished
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.exceptions import DemandExceedsCapacity, PoolFull, UnknownPool
-from pools.pg import fastpath, functions
+from pools.pg import fastpath, fence, functions
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,9 @@ class PostgresEngine(OrmEngine):
 
 #: The PostgreSQL engine (it keeps no state; pools' own connection is :mod:`fastpath`'s).
 POSTGRESQL = PostgresEngine()
+
+# An unstarted requeue (a publish that failed) must leave an entry a worker started fenced.
+settling.on_fence_check(fence.taken_elsewhere)
 
 
 def _enqueue_in_one_call(

@@ -45,7 +45,7 @@ def hanging_renewal(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event
     release = threading.Event()
     calls: list[float] = []
 
-    def renew(entry_id: int, token: int) -> Any:
+    def renew(entry_id: int, token: int, **started: Any) -> Any:
         calls.append(time.monotonic())
         release.wait(WAIT * 2)
         return datetime.now(UTC) + timedelta(seconds=LEASE)  # after the test: no more losses
@@ -135,7 +135,7 @@ def test_renewal__a_confirmed_renewal_moves_the_fence_from_when_it_was_sent(
     monkeypatch.setattr(keeper, "_ensure_thread", lambda: None)
     sent: list[float] = []
 
-    def renew(entry_id: int, token: int) -> datetime:
+    def renew(entry_id: int, token: int, **started: Any) -> datetime:
         sent.append(time.monotonic())
         time.sleep(0.2)  # a slow call: the fence counts from before it, not after
         return datetime.now(UTC) + timedelta(seconds=LEASE)
