@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pools
 from pools.models import QueueEntry, WorkerNode
-from pools.states import EntryState
+from pools.states import HELD_STATES, EntryState
 from tests.acceptance import faults_support
 from tests.acceptance.conftest import WORKER_TEST_MARKS, StartWorkers
 from tests.acceptance.faults_support import wait_for
@@ -29,7 +29,8 @@ def test_cancel_terminate__stops_running_task_and_frees_its_slots(
     # cancel() re-reads the entry after its commit has sent the revoke: a quick worker
     # (RabbitMQ's broadcast under load) may already have stopped it, as "revoked"; cancel
     # itself never ends running work (it would say "cancelled").
-    assert entry.state == EntryState.RUNNING or (entry.state, entry.reason) == (
+    # Held: running, or admitted (a fenced start, no renewal yet).
+    assert entry.state in HELD_STATES or (entry.state, entry.reason) == (
         EntryState.CANCELLED,
         "revoked",
     ), f"running work is stopped by its worker, not here: {entry.state} {entry.reason!r}"
