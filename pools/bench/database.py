@@ -31,10 +31,12 @@ def wal_position() -> str | None:
 
 #: WAL records of this database since a position: those that touch its relations, and
 #: every record (commits included) of the transactions that wrote those (pg_walinspect).
+#: Up to the flushed position: pg_walinspect refuses an end past it ("cannot accept future
+#: end LSN"), which the insert position can be on a busy server.
 _OWN_WAL = """
 WITH r AS (
     SELECT xid, record_length, block_ref LIKE %(rel)s AS here
-      FROM pg_get_wal_records_info(%(start)s::pg_lsn, pg_current_wal_lsn())
+      FROM pg_get_wal_records_info(%(start)s::pg_lsn, pg_current_wal_flush_lsn())
 ), mine AS (SELECT DISTINCT xid FROM r WHERE here AND xid <> '0')
 SELECT COALESCE(sum(record_length), 0) FROM r WHERE here OR xid IN (SELECT xid FROM mine)
 """
