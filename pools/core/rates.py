@@ -59,7 +59,8 @@ clock (read once per call, after the pool locks); heads it hands to the Python p
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection
 from django.utils import timezone
@@ -79,7 +80,9 @@ from pools.rates_text import (
 )
 
 __all__ = [
+    "HANDOFF_MARGIN",
     "MAX_COUNT",
+    "START_INDEX",
     "UNITS",
     "UNLIMITED_SLOTS",
     "Rate",
@@ -88,8 +91,19 @@ __all__ = [
     "normalize",
     "parse_rates",
     "render",
+    "start_opens",
     "validate_field",
 ]
+
+#: ``RateMark.rate_index`` of rate ``i``'s ring of starts: ``START_INDEX + i`` (the ring of
+#: admissions is ``i``; a pool has far fewer rates).
+START_INDEX = 1000
+#: Added to each window for starts: a body's first line runs a few milliseconds after its
+#: start was confirmed (the commit, the return to the worker), and that hand-off varies
+#: from one start to the next. Start ``k + N`` comes at least ``W + HANDOFF_MARGIN`` after
+#: start ``k``, so the bodies' own start times keep ``N`` per ``W`` while the hand-off
+#: varies by less than this.
+HANDOFF_MARGIN = timedelta(milliseconds=100)
 
 
 def db_now() -> datetime:
@@ -111,3 +125,26 @@ def db_now() -> datetime:
     if timezone.is_naive(value):
         value = value.replace(tzinfo=UTC)
     return value
+
+
+def start_opens(
+    marks: Sequence[tuple[Rate, datetime | None]],
+    now: datetime,
+    margin: timedelta = HANDOFF_MARGIN,
+) -> datetime | None:
+    """When a start may happen by the given rings of starts; ``None``: now.
+
+    ``marks`` pairs each rate ``N/W`` with the time in the slot the next start would
+    write: the ``N``-th previous start (``None``: fewer than ``N`` starts so far). A start
+    at ``now`` is allowed iff each such time is at most ``now - (W + margin)``, i.e. the
+    window ``(now - W - margin, now]`` holds fewer than ``N`` starts; otherwise the latest
+    time one of them opens.
+    """
+    latest: datetime | None = None
+    for rate, at in marks:
+        if at is None:
+            continue
+        opens = at + rate.window + margin
+        if opens > now and (latest is None or opens > latest):
+            latest = opens
+    return latest

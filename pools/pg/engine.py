@@ -15,7 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from pools import conf
-from pools.core import dispatch, events, settling
+from pools.core import dispatch, events, rated_pools, settling
 from pools.core.engines.orm import OrmEngine
 from pools.core.enqueueing import shown
 from pools.core.pass_runs import admit_after_settle, admit_later, follow_up, requeue_unpublished
@@ -182,7 +182,13 @@ def _enqueue_in_one_call(
 
 
 def _on_commit(reply: fastpath.Reply) -> list[Admission]:
-    """Hand a fast-path call's admissions, wake-ups and events to the after-commit hooks."""
+    """Hand a fast-path call's admissions, wake-ups and events to the after-commit hooks.
+
+    An admission in a pool with a rate is marked ``rated``: its start is then the ORM
+    engine's (:func:`pools.core.leases.start_rated`).
+    """
+    admitted = reply.of("admitted")
+    rated = rated_pools.of({row.pool or "" for row in admitted}) if admitted else frozenset()
     admissions = [
         Admission(
             entry_id=row.entry or 0,
@@ -192,8 +198,9 @@ def _on_commit(reply: fastpath.Reply) -> list[Admission]:
             args=row.args,
             kwargs=row.kwargs,
             options=row.options,
+            rated=(row.pool or "") in rated,
         )
-        for row in reply.of("admitted")
+        for row in admitted
     ]
     # Publishing first: a signal receiver that raises must not keep a message from the broker.
     dispatch.after_commit(
