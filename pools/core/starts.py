@@ -44,7 +44,7 @@ from pools.models import Pool, QueueEntry, RateMark
 from pools.states import EntryState
 
 #: Longest a worker sleeps in all before a rated start, at most (see :func:`short_wait`).
-SHORT_WAIT_SECONDS = 1.0
+SHORT_WAIT_SECONDS = 1.5
 #: Reason recorded on an entry put back in line because its start had to wait long.
 POSTPONED = "rate: start waits for its window"
 
@@ -60,8 +60,9 @@ class Postponed:
 
 
 def short_wait() -> float:
-    """Longest wait a worker sleeps through before a rated start (seconds): a second, or a
-    tenth of the lease if less (the admitted entry's lease keeps running meanwhile)."""
+    """Longest wait a worker sleeps through before a rated start (seconds): a second and a
+    half (a per-second window plus its margin), or a tenth of the lease if less (the
+    admitted entry's lease keeps running meanwhile)."""
     return min(SHORT_WAIT_SECONDS, conf.get().LEASE_SECONDS / 10)
 
 

@@ -69,9 +69,7 @@ def _start_concurrently(claims: list[tuple[int, int]]) -> tuple[list[float], lis
         finally:
             connection.close()
 
-    threads = [
-        threading.Thread(target=run, args=(claims[n::THREADS],)) for n in range(THREADS)
-    ]
+    threads = [threading.Thread(target=run, args=(claims[n::THREADS],)) for n in range(THREADS)]
     for t in threads:
         t.start()
     for t in threads:
