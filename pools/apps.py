@@ -31,5 +31,8 @@ def _sync_after_migrate(sender: AppConfig, using: str = "default", **kwargs: Any
     from pools.celery import beat
     from pools.core import settings_sync
 
+    if any(backwards for _, backwards in kwargs.get("plan") or ()):
+        return  # migrated back: the schema is older than the models this code syncs through
+
     settings_sync.sync()
     beat.ensure_sweep_schedule()

@@ -44,10 +44,12 @@ slots_rated: Any = rate_tasks.slots_rated
 unrated: Any = rate_tasks.unrated
 own_rate: Any = rate_tasks.own_rate
 
-#: The achieved rate while backlogged must reach this share of the limit: a start waits
+#: The achieved rate while backlogged must reach this share of the limit. A start waits
 #: for ``W`` plus the hand-off margin after the ``N``-th previous one, so a window of
-#: ``W = 1 s`` gives at most ``N / 1.05`` per second (95 %), less the workers' own delays.
-MIN_SHARE = 0.85
+#: ``W = 1 s`` gives at most ``N / 1.05`` per second (95 %); and a window's starts begin
+#: only as its admissions reach the workers, so the next window opens that much later
+#: (16.6/s of 20/s was seen on the shared 2-core machine: docs/benchmarks.md).
+MIN_SHARE = 0.75
 RESULT_TIMEOUT = 60
 
 

@@ -161,8 +161,8 @@ def test_start_opens__just_inside_the_window_with_the_margin_still_waits() -> No
 def test_start_opens__every_rate_must_have_room_the_latest_opening_wins() -> None:
     marks = [(Rate(5, 1.0), _at(9.5)), (Rate(30, 60.0), _at(0))]
     assert rates.start_opens(marks, _at(10), margin=timedelta(0)) == _at(60)
-    marks = [(Rate(5, 1.0), _at(9.5)), (Rate(30, 60.0), None)]
-    assert rates.start_opens(marks, _at(10), margin=timedelta(0)) == _at(10.5)
+    marks2: list[tuple[Rate, datetime | None]] = [(Rate(5, 1.0), _at(9.5)), (Rate(30, 60.0), None)]
+    assert rates.start_opens(marks2, _at(10), margin=timedelta(0)) == _at(10.5)
 
 
 def test_start_opens__without_margin_the_boundary_is_exact() -> None:
