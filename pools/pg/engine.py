@@ -45,7 +45,10 @@ def handed_to_orm(
     draining or overflow policy decides; the function wrote nothing) is too; each
     ``fallback`` row names a pool whose admission pass the ORM engine runs after commit
     (a multi-pool head, a head past its deadline, due multi-pool entries, a head that may be
-    ineligible, a draining pool, a pool with a spend cap). See docs/concepts/contract.md.
+    ineligible, a draining pool, a pool with a spend cap). The start of an entry admitted
+    in a rated pool is the ORM engine's too: the worker calls
+    :func:`pools.core.leases.start_rated` for a message marked ``rated`` (see
+    :func:`_on_commit`), never this engine's ``start``. See docs/concepts/contract.md.
     """
     if sub is not None and (budgeted or not sub.plain):
         return Handoff(call=True)
