@@ -82,7 +82,7 @@ def _start_concurrently(claims: list[tuple[int, int]]) -> tuple[list[float], lis
     started = QueueEntry.objects.filter(
         pk__in=[pk for pk, _ in claims], started_at__isnull=False
     ).values_list("started_at", flat=True)
-    return [at.timestamp() for at in started], got
+    return [at.timestamp() for at in started if at is not None], got
 
 
 def test_rated_starts__admissions_say_whether_a_pool_has_a_rate(
