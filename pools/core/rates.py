@@ -113,7 +113,7 @@ START_INDEX = 1000
 #: from one start to the next. Start ``k + N`` comes at least ``W + HANDOFF_MARGIN`` after
 #: start ``k``, so the bodies' own start times keep ``N`` per ``W`` while the hand-off
 #: varies by less than this.
-HANDOFF_MARGIN = timedelta(milliseconds=50)
+HANDOFF_MARGIN = timedelta(milliseconds=100)
 
 
 def db_now() -> datetime:

@@ -46,10 +46,10 @@ own_rate: Any = rate_tasks.own_rate
 
 #: The achieved rate while backlogged must reach this share of the limit. A start waits
 #: for ``W`` plus the hand-off margin after the ``N``-th previous one, so a window of
-#: ``W = 1 s`` gives at most ``N / 1.05`` per second (95 %); and a window's starts begin
+#: ``W = 1 s`` gives at most ``N / 1.1`` per second (91 %); and a window's starts begin
 #: only as its admissions reach the workers, so the next window opens that much later
 #: (16.6/s of 20/s was seen on the shared 2-core machine: docs/benchmarks.md).
-MIN_SHARE = 0.75
+MIN_SHARE = 0.7
 RESULT_TIMEOUT = 60
 
 
