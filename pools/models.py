@@ -161,6 +161,12 @@ class Pool(models.Model):
     #: Admissions made in this pool so far (under its row lock): the source of
     #: :attr:`QueueEntry.admission_seq`.
     admissions = models.PositiveBigIntegerField(_("admissions"), default=0, editable=False)
+    #: Confirmed starts of rated entries in this pool so far (under its row lock): start
+    #: number ``k`` writes its time into slot ``k mod N`` of each rate's ring of starts
+    #: (:mod:`pools.core.starts`).
+    starts = models.PositiveBigIntegerField(
+        _("rated starts"), default=0, db_default=0, editable=False
+    )
     #: When the first delayed entry (``not_before`` ahead) of this pool is due, or earlier:
     #: admission passes look for due entries only once it has passed (no query otherwise).
     next_due_at = models.DateTimeField(_("next due at"), null=True, blank=True, editable=False)
@@ -440,15 +446,18 @@ class Demand(models.Model):
 
 
 class RateMark(models.Model):
-    """One slot of a pool's ring of admission times for one of its rates.
+    """One slot of a pool's ring of admission times, or of start times, for one of its rates.
 
     Admission number ``k`` of the pool writes its (database clock) time into slot
-    ``k mod N`` of each rate ``N/W``; written and read only under the pool's row lock by
-    :mod:`pools.core.windows` (see :mod:`pools.core.rates`).
+    ``k mod N`` of each rate ``N/W`` (``rate_index`` ``i``); written and read only under the
+    pool's row lock by :mod:`pools.core.windows` (see :mod:`pools.core.rates`). Rated start
+    number ``k`` (:attr:`Pool.starts`) writes its time into slot ``k mod N`` of the ring of
+    starts, ``rate_index`` ``START_INDEX + i`` (:mod:`pools.core.starts`).
     """
 
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="rate_marks")
-    #: The rate's place in ``Pool.rate`` (0-based).
+    #: The rate's place in ``Pool.rate`` (0-based); plus ``rates.START_INDEX`` for its
+    #: ring of starts.
     rate_index = models.PositiveSmallIntegerField()
     #: ``admission number mod N``.
     slot = models.PositiveIntegerField()

@@ -16,7 +16,7 @@ from celery import Celery, current_app
 from django.utils import timezone
 
 from pools.celery import messages, originals, results
-from pools.celery.messages import BUDGET_HEADER, CLAIM_HEADER, DEBOUNCED_HEADER
+from pools.celery.messages import BUDGET_HEADER, CLAIM_HEADER, DEBOUNCED_HEADER, RATED_HEADER
 from pools.core import admission
 from pools.core.records import BUDGET_OPTION, DEBOUNCED_OPTION, Admission, Finished
 
@@ -65,6 +65,8 @@ class CeleryBridge:
         claim: dict[str, Any] = {CLAIM_HEADER: f"{adm.entry_id}:{adm.token}"}
         if adm.options.get(BUDGET_OPTION):
             claim[BUDGET_HEADER] = adm.options[BUDGET_OPTION]
+        if adm.rated:
+            claim[RATED_HEADER] = 1
         if adm.options.get(DEBOUNCED_OPTION):
             claim[DEBOUNCED_HEADER] = list(adm.options[DEBOUNCED_OPTION])
         held = messages.held_in(adm.options)

@@ -34,6 +34,9 @@ CLAIM_HEADER = "pools_claim"
 #: Header of an admitted message whose run has a budget: the run id (the worker measures
 #: the attempt's task seconds and charges them when it settles).
 BUDGET_HEADER = "pools_budget"
+#: Header of a message admitted in a pool with a rate: its start confirms its place in the
+#: pool's window of starts (:func:`pools.core.leases.start_rated`).
+RATED_HEADER = "pools_rated"
 #: Internal ``send_task`` option marking a publish made by the gate itself.
 ADMITTED_OPTION = "_pools_admitted"
 #: Internal ``send_task`` option naming the origin of a submission (e.g. ungated delivery).
@@ -329,3 +332,13 @@ def claim_of(request: Any) -> tuple[int, int] | None:
         request, "pools_claim", None
     )
     return parse_claim(raw)
+
+
+def rated_of(request: Any) -> bool:
+    """True if a delivery was admitted in a pool with a rate (:data:`RATED_HEADER`)."""
+    if request is None:
+        return False
+    raw = (getattr(request, "headers", None) or {}).get(RATED_HEADER) or getattr(
+        request, RATED_HEADER, None
+    )
+    return bool(raw)

@@ -29,6 +29,7 @@ from pools.celery.messages import (
     CALL_OPTION,
     CLAIM_HEADER,
     ORIGIN_OPTION,
+    RATED_HEADER,
 )
 from pools.celery.task_specs import spec_for
 from pools.core import admission, definitions, locking
@@ -158,11 +159,11 @@ def _submit(
     enqueues the message. A refusal (``PoolFull``, ``PoolUnavailable``, ...) is raised
     from there, before ``after_task_publish``, just as a broker error would be.
     """
-    options.pop(CLAIM_HEADER, None)
-    options.pop(BUDGET_HEADER, None)
+    dropped = (CLAIM_HEADER, BUDGET_HEADER, RATED_HEADER)
+    for header in dropped:
+        options.pop(header, None)
     headers = options.get("headers")
-    if isinstance(headers, dict) and (CLAIM_HEADER in headers or BUDGET_HEADER in headers):
-        dropped = (CLAIM_HEADER, BUDGET_HEADER)
+    if isinstance(headers, dict) and any(h in headers for h in dropped):
         options["headers"] = {k: v for k, v in headers.items() if k not in dropped}
 
     def enqueue(message: messages.HeldMessage) -> None:
@@ -187,6 +188,7 @@ def _enqueue_held(
     headers = message.headers
     headers.pop(CLAIM_HEADER, None)
     headers.pop(BUDGET_HEADER, None)
+    headers.pop(RATED_HEADER, None)
     if origin is None:
         origin = Origin.BEAT if headers.get("periodic_task_name") else Origin.CODE
     try:

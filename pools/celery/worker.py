@@ -27,7 +27,7 @@ from pools import checks, conf
 from pools.celery import backoff, default_pool, messages, received, results
 from pools.celery.keeper import body_running, keeper
 from pools.celery.messages import claim_of
-from pools.core import admission, budgets, leases, locking, nodes
+from pools.core import admission, budgets, leases, locking, nodes, starts
 from pools.core.engine import engine
 from pools.core.leases import Claim
 from pools.exceptions import Backoff, LeaseLost, PoolUnavailable
@@ -101,8 +101,24 @@ def run_gated(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     entry_id, token = parsed
     locking.drop_broken_connection()
     claim = start_claim(
-        entry_id, token, worker=request.hostname or "", what=f"{task.name}[{request.id}]"
+        entry_id,
+        token,
+        worker=request.hostname or "",
+        what=f"{task.name}[{request.id}]",
+        rated=messages.rated_of(request),
     )
+    if isinstance(claim, starts.Postponed):
+        # Its place in a rated pool's window of starts comes later: the entry is back in
+        # line and is admitted (and delivered) again then; this delivery does not run.
+        logger.info(
+            "%s[%s]: its pool's rate has no room for this start for %.3f s; entry %s is "
+            "back in line until then",
+            task.name,
+            request.id,
+            claim.seconds,
+            entry_id,
+        )
+        raise Ignore()
     if claim is None:
         logger.warning(
             "Skipping delivery of %s[%s]: claim %s:%s is stale or already used",
@@ -158,8 +174,11 @@ def _terminated_by_signal(exc: SystemExit) -> bool:
     return isinstance(exc.code, int) and exc.code < 0
 
 
-def start_claim(entry_id: int, token: int, *, worker: str, what: str) -> Claim | None:
-    """``leases.start``, retried through a short database outage (a PostgreSQL restart).
+def start_claim(
+    entry_id: int, token: int, *, worker: str, what: str, rated: bool = False
+) -> Claim | starts.Postponed | None:
+    """``leases.start`` (``leases.start_rated`` for a delivery admitted in a pool with a
+    rate), retried through a short database outage (a PostgreSQL restart).
 
     If pool state stays unavailable for half a lease (10 s at most), the delivery is dropped
     without running and without a result (``Ignore``): the entry is still admitted, its
@@ -171,6 +190,8 @@ def start_claim(entry_id: int, token: int, *, worker: str, what: str) -> Claim |
     delay = 0.1
     while True:
         try:
+            if rated:
+                return leases.start_rated(entry_id, token, worker=worker)
             return leases.start(entry_id, token, worker=worker)
         except PoolUnavailable as exc:
             connection.close()  # the next try reconnects

@@ -179,6 +179,7 @@ def admit_locked(pools: dict[str, Pool], now: datetime) -> PassResult:
                 args=e.args,
                 kwargs=e.kwargs,
                 options=e.options,
+                rated=any(name in rated.rates for name in e.demand),
             )
             for e in admitted
         )

@@ -2,7 +2,9 @@
 
 No pool locks here: these transitions only move an entry between held states
 (``admitted`` -> ``running``) or extend its lease, which never changes the held
-sum, so a single conditional ``UPDATE`` on the entry row is enough.
+sum, so a single conditional ``UPDATE`` on the entry row is enough. The one exception is
+the start of an entry admitted in a pool with a rate (:func:`start_rated`): its place in
+the pool's window of starts is confirmed under the pool's lock (:mod:`pools.core.starts`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from pools import conf
-from pools.core import events, locking
+from pools.core import events, locking, starts
 from pools.core.engine import engine
 from pools.core.records import Claim
 from pools.models import PoolEvent, QueueEntry
@@ -27,6 +29,17 @@ def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
     :class:`~pools.exceptions.PoolUnavailable` and changes nothing.
     """
     return engine().start(entry_id, token, worker=worker[:255])
+
+
+def start_rated(entry_id: int, token: int, *, worker: str) -> Claim | starts.Postponed | None:
+    """:func:`start` for an entry admitted in a pool with a rate: it starts when its place in
+    each of its pools' windows of starts comes (a short wait is slept through here).
+
+    :class:`~pools.core.starts.Postponed` when the place comes later: the entry is back in
+    line, to be admitted again then; the delivery must not run. Same bound and errors as
+    :func:`start`. Both engines run it through the ORM (the PostgreSQL engine hands it over).
+    """
+    return starts.start(entry_id, token, worker=worker[:255])
 
 
 def renew(entry_id: int, token: int) -> datetime | None:

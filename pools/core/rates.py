@@ -1,10 +1,18 @@
-"""Global rate limits on pools: at most N admissions per window, exact across every worker.
+"""Global rate limits on pools: at most N body starts (and N admissions) per window, exact
+across every worker.
 
 A pool may carry one or more rates (``Pool.rate``, stored as ``"10/s,100000/d"``; empty
 means none) besides its slots. Celery's notation: ``N/s``, ``N/m``, ``N/h``, plus ``N/d``;
 a number ``N`` (or the string ``"N"``) means ``N/s``, as for Celery's ``rate_limit``.
 
-**What counts.** Admissions (starts). Every admission of the pool counts once per rate,
+**What counts.** Body starts, and admissions. A rate ``N/W`` holds twice: no window of
+``W`` holds more than ``N`` admissions of the pool (the rule and the ring below), and no
+window of ``W`` holds more than ``N`` confirmed starts of the pool's rated entries
+(:mod:`pools.core.starts`: the worker's start of an entry admitted in a rated pool
+confirms its place in the pool's ring of starts, under the pool's lock, with a margin of
+:data:`HANDOFF_MARGIN` for the hand-off to the body's first line; a start with no room
+waits for its place, or goes back to the head of its line when that is far). The starts
+are what a partner API sees. Every admission of the pool counts once per rate,
 whatever happens to the attempt after it. A retry and a requeue after a lost lease are
 admitted again, so they count again; an entry cancelled or expired while it waited was
 never admitted and does not count.
@@ -40,16 +48,18 @@ PostgreSQL and ``UTC_TIMESTAMP(6)`` on MariaDB/MySQL, after the pool locks are t
 successive admissions of a pool get non-decreasing times whatever the workers' clocks
 say. SQLite runs inside the process: its clock is the host's, read with microseconds.
 Tolerance: the clock's resolution (microseconds); a window holds at most ``N``
-admissions measured on the database clock. The bodies' own start times (worker clocks)
-lag admission by the publish and the broker hop, which can bunch or spread them.
+admissions, and at most ``N`` confirmed starts, measured on the database clock. The
+bodies' own start times (worker clocks) follow their confirmed starts by the hand-off,
+which :data:`HANDOFF_MARGIN` covers while it varies by less than that.
 
 **Wake-ups.** A head held back by a rate gets a timed wake-up for the moment its window
 opens (``result.wake`` of the pass, as for ``not_before`` and the spend cap), converted
 from the database clock to the local one by the offset read at the same time. Windows
 opening more than ``WAKE_HORIZON`` (5 minutes) ahead are left to the sweep.
 
-**Changing a pool's rates** (settings sync, admin, REST) deletes its marks: the new
-rates start from empty windows (up to ``N`` admissions at once right after the change).
+**Changing a pool's rates** (settings sync, admin, REST) deletes its marks (both rings):
+the new rates start from empty windows (up to ``N`` admissions and starts at once right
+after the change).
 
 **PostgreSQL fast path.** The admit function (``pools/pg/sql/schema.sql``) applies
 the same rule to the single-pool heads it admits, with the same rings and the same
@@ -59,7 +69,8 @@ clock (read once per call, after the pool locks); heads it hands to the Python p
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection
 from django.utils import timezone
@@ -79,7 +90,9 @@ from pools.rates_text import (
 )
 
 __all__ = [
+    "HANDOFF_MARGIN",
     "MAX_COUNT",
+    "START_INDEX",
     "UNITS",
     "UNLIMITED_SLOTS",
     "Rate",
@@ -88,8 +101,19 @@ __all__ = [
     "normalize",
     "parse_rates",
     "render",
+    "start_opens",
     "validate_field",
 ]
+
+#: ``RateMark.rate_index`` of rate ``i``'s ring of starts: ``START_INDEX + i`` (the ring of
+#: admissions is ``i``; a pool has far fewer rates).
+START_INDEX = 1000
+#: Added to each window for starts: a body's first line runs a few milliseconds after its
+#: start was confirmed (the commit, the return to the worker), and that hand-off varies
+#: from one start to the next. Start ``k + N`` comes at least ``W + HANDOFF_MARGIN`` after
+#: start ``k``, so the bodies' own start times keep ``N`` per ``W`` while the hand-off
+#: varies by less than this.
+HANDOFF_MARGIN = timedelta(milliseconds=100)
 
 
 def db_now() -> datetime:
@@ -111,3 +135,26 @@ def db_now() -> datetime:
     if timezone.is_naive(value):
         value = value.replace(tzinfo=UTC)
     return value
+
+
+def start_opens(
+    marks: Sequence[tuple[Rate, datetime | None]],
+    now: datetime,
+    margin: timedelta = HANDOFF_MARGIN,
+) -> datetime | None:
+    """When a start may happen by the given rings of starts; ``None``: now.
+
+    ``marks`` pairs each rate ``N/W`` with the time in the slot the next start would
+    write: the ``N``-th previous start (``None``: fewer than ``N`` starts so far). A start
+    at ``now`` is allowed iff each such time is at most ``now - (W + margin)``, i.e. the
+    window ``(now - W - margin, now]`` holds fewer than ``N`` starts; otherwise the latest
+    time one of them opens.
+    """
+    latest: datetime | None = None
+    for rate, at in marks:
+        if at is None:
+            continue
+        opens = at + rate.window + margin
+        if opens > now and (latest is None or opens > latest):
+            latest = opens
+    return latest

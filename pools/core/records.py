@@ -106,6 +106,9 @@ class Admission:
     args: list[Any]
     kwargs: dict[str, Any]
     options: dict[str, Any]
+    #: Admitted in a pool with a rate: its start confirms its place in the pool's window
+    #: of starts (:mod:`pools.core.starts`); the message says so.
+    rated: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

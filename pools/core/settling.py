@@ -8,7 +8,7 @@ The contract is ``docs/concepts/contract.md``; the public services are re-export
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -24,7 +24,7 @@ from pools.core.pass_runs import admit_in, admit_later, end_waiting, follow_up, 
 from pools.core.records import BUDGET, Admission
 from pools.core.supersession import supersede_retries
 from pools.exceptions import EntryNotFound, NotCancellable
-from pools.models import Demand, QueueEntry
+from pools.models import Demand, Pool, QueueEntry
 from pools.states import HELD_STATES, ConcurrencyPolicy, EntryState, EventKind
 
 logger = logging.getLogger("pools.core.admission")
@@ -96,13 +96,16 @@ def requeue(
     admit: bool = True,
     lapsed_before: datetime | None = None,
     unstarted: bool = False,
+    hold: Callable[[dict[str, Pool]], None] | None = None,
 ) -> bool:
     """Put a held entry back in line (same place), or expire it if its deadline passed.
 
     Used when a lease lapses or is lost, and when a publish fails; then ``admit=False``
     leaves re-admission to the next settle or sweep, so a broker outage cannot turn
     into a publish loop. ``unstarted=True`` (a message that may not have reached a worker)
-    leaves an entry a worker has already started alone. Returns False for a stale token.
+    leaves an entry a worker has already started alone. ``hold`` runs under the pools'
+    locks before the admission pass (a rated start postponed holds the pools' next
+    admissions: :func:`pools.core.starts.postpone`). Returns False for a stale token.
     """
     with unavailable_on_error(f"requeueing entry {entry_id}"):
         entry = QueueEntry.objects.filter(pk=entry_id).only("demand").first()
@@ -122,6 +125,8 @@ def requeue(
         entry = QueueEntry.objects.get(pk=entry_id)
         Demand.objects.filter(entry_id=entry_id).update(state=EntryState.WAITING)
         change_held(pools, [entry], -1)
+        if hold is not None:
+            hold(pools)
         events.record(EventKind.REQUEUED, [entry], at=now, detail={"reason": reason})
         stop = budgets.rejects_requeue(entry)
         if stop is not None:  # its run has spent a budget: it does not wait again

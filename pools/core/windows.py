@@ -15,7 +15,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from pools.core import rates
+from pools.core import rated_pools, rates
 from pools.models import Pool, QueueEntry, RateMark
 
 #: Marks read per query when the pass needs the next slots of a ring.
@@ -145,8 +145,10 @@ class Windows:
 
 
 def reset(pool: Pool) -> None:
-    """Forget the pool's windows (its rates changed; the caller holds its lock)."""
+    """Forget the pool's windows of admissions and of starts (its rates changed; the
+    caller holds its lock)."""
     RateMark.objects.filter(pool_id=pool.pk).delete()
+    rated_pools.forget()
 
 
 def next_opening(pool: Pool, ahead: int = 0) -> datetime | None:

@@ -15,7 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from pools import conf
-from pools.core import dispatch, events, settling
+from pools.core import dispatch, events, rated_pools, settling
 from pools.core.engines.orm import OrmEngine
 from pools.core.enqueueing import shown
 from pools.core.pass_runs import admit_after_settle, admit_later, follow_up, requeue_unpublished
@@ -45,7 +45,10 @@ def handed_to_orm(
     draining or overflow policy decides; the function wrote nothing) is too; each
     ``fallback`` row names a pool whose admission pass the ORM engine runs after commit
     (a multi-pool head, a head past its deadline, due multi-pool entries, a head that may be
-    ineligible, a draining pool, a pool with a spend cap). See docs/concepts/contract.md.
+    ineligible, a draining pool, a pool with a spend cap). The start of an entry admitted
+    in a rated pool is the ORM engine's too: the worker calls
+    :func:`pools.core.leases.start_rated` for a message marked ``rated`` (see
+    :func:`_on_commit`), never this engine's ``start``. See docs/concepts/contract.md.
     """
     if sub is not None and (budgeted or not sub.plain):
         return Handoff(call=True)
@@ -182,7 +185,13 @@ def _enqueue_in_one_call(
 
 
 def _on_commit(reply: fastpath.Reply) -> list[Admission]:
-    """Hand a fast-path call's admissions, wake-ups and events to the after-commit hooks."""
+    """Hand a fast-path call's admissions, wake-ups and events to the after-commit hooks.
+
+    An admission in a pool with a rate is marked ``rated``: its start is then the ORM
+    engine's (:func:`pools.core.leases.start_rated`).
+    """
+    admitted = reply.of("admitted")
+    rated = rated_pools.of({row.pool or "" for row in admitted}) if admitted else frozenset()
     admissions = [
         Admission(
             entry_id=row.entry or 0,
@@ -192,8 +201,9 @@ def _on_commit(reply: fastpath.Reply) -> list[Admission]:
             args=row.args,
             kwargs=row.kwargs,
             options=row.options,
+            rated=(row.pool or "") in rated,
         )
-        for row in reply.of("admitted")
+        for row in admitted
     ]
     # Publishing first: a signal receiver that raises must not keep a message from the broker.
     dispatch.after_commit(

@@ -18,7 +18,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -68,6 +68,7 @@ class StartWorkers(Protocol):
         concurrency: int = 4,
         pool: str = "prefork",
         allow_errors: bool = False,
+        extra_args: Sequence[str] = (),
     ) -> list[Worker]: ...
 
 
@@ -169,7 +170,11 @@ def celery_workers(
     flushed = False
 
     def start(
-        count: int = 2, concurrency: int = 4, pool: str = "prefork", allow_errors: bool = False
+        count: int = 2,
+        concurrency: int = 4,
+        pool: str = "prefork",
+        allow_errors: bool = False,
+        extra_args: Sequence[str] = (),
     ) -> list[Worker]:
         nonlocal flushed
         if not flushed:
@@ -188,6 +193,7 @@ def celery_workers(
                 log=log,
                 concurrency=concurrency,
                 pool=pool,
+                extra_args=extra_args,
                 env=_worker_env(),
                 cwd=ROOT,
             )

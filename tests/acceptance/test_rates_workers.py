@@ -1,26 +1,22 @@
-"""Rate limits with real workers (issue 17): 2 prefork workers x 4 processes on Redis.
+"""Rate limits with real workers: 2 prefork workers x 4 processes on Redis.
 
 Windows are counted with :func:`pools.bench.rates.max_in_window`, the checker the
-``rates`` benchmark uses too, on two records:
+``rates`` benchmark uses too, on two independent records, both exact (no tolerance):
 
-* **The admissions, exactly.** An independent recorder (a PostgreSQL trigger,
-  :func:`admission_log`) copies every rate mark the admission writes — one per admission
-  and rate, stamped with the database clock — into a table the core never reads, so it
-  keeps every admission although the core's ring keeps only the last ``N``. No window
-  may hold more than the limit: no tolerance at all.
-* **The bodies' own start times** (``time.time()`` on a body's first line). A body
-  starts after its admission by the publish, the broker and the prefork hand-off, and
-  that delay varies: a sliding window admits up to ``N`` at once when it opens, and
-  ``N = 20`` admitted together on 8 processes start over a few hundred milliseconds on
-  a busy 2-core machine. So a window of start times can hold the late starts of one
-  burst and the early starts of the next. **The documented tolerance** is measured per
-  run, not guessed: with ``J`` the spread (max - min) of the admission -> start delay,
-  a window of ``W`` of start times may hold at most the admissions of a window of
-  ``W + J`` (the limit plus the tolerance), and a window of ``W - J`` at most the limit
-  itself. Both are asserted; what was seen is in ``docs/benchmarks.md`` (rate limits).
+* **The admissions.** A PostgreSQL trigger (:func:`admission_log`) copies every rate mark
+  the admission writes — one per admission and rate, stamped with the database clock —
+  into a table the core never reads. No window may hold more than the limit.
+* **The bodies' own start times** (``time.time()`` on a body's first line), which are
+  what a partner API sees. A rated entry's start confirms its place in the pool's window
+  of starts (:mod:`pools.core.starts`), so no window of ``W`` of these times may hold more
+  than ``N`` either: whatever the publish, the broker, prefetch and the prefork hand-off
+  did to the delay between admission and start.
 
-Controls show the checks can fail: unpooled, the same workers start far more than 20
-bodies in a second.
+Cases: the first second after a burst of calls (the bodies of the first window start
+late while the caller still submits), a second worker started late, prefetch multiplier
+1 and 4. Controls show the checks can fail: unpooled, the same workers start far more
+than 20 bodies in a second; the sabotage twin of the start check is in
+``tests/integration/core/test_rate_starts.py``.
 """
 
 from __future__ import annotations
@@ -48,10 +44,12 @@ slots_rated: Any = rate_tasks.slots_rated
 unrated: Any = rate_tasks.unrated
 own_rate: Any = rate_tasks.own_rate
 
-#: Clock resolution allowed between the database's clock and the bodies' ``time.time()``.
-CLOCK_RESOLUTION = 0.001
-#: The achieved rate while backlogged must reach this share of the limit.
-MIN_SHARE = 0.9
+#: The achieved rate while backlogged must reach this share of the limit. A start waits
+#: for ``W`` plus the hand-off margin after the ``N``-th previous one, so a window of
+#: ``W = 1 s`` gives at most ``N / 1.1`` per second (91 %); and a window's starts begin
+#: only as its admissions reach the workers, so the next window opens that much later
+#: (16.6/s of 20/s was seen on the shared 2-core machine: docs/benchmarks.md).
+MIN_SHARE = 0.7
 RESULT_TIMEOUT = 60
 
 
@@ -104,62 +102,24 @@ class Checked:
     most: int
     #: Starts per second over the whole windows from the first start.
     rate: float
-    #: Spread of the admission -> body start delay (max - min), seconds.
-    jitter: float
-    #: Starts over the limit that a window of start times may hold given that spread.
-    tolerance: int
 
 
 def _check_window(
     spans: list[dict[str, Any]], count: int, seconds: float, admissions: list[float]
 ) -> Checked:
-    """Assert the rate ``count / seconds`` on the admissions exactly, then on the starts.
-
-    1. No window of ``seconds`` holds more than ``count`` admissions (database clock).
-    2. Each body is paired with its own admission (its entry's ``admission_seq``) and
-       starts after it; the delay from admission to start varies by ``J`` (max - min).
-       A window of start times
-       then holds only starts of admissions within ``seconds + J``: at most
-       ``max_in_window(admissions, seconds + J)`` — the limit plus the tolerance — and a
-       window of ``seconds - J`` at most ``count``.
-    """
-    from pools.models import QueueEntry
-
+    """Assert the rate ``count / seconds`` exactly, on the admissions (database clock) and
+    on the bodies' own start times: no window of ``seconds`` holds more than ``count``."""
     exact, when = max_in_window(admissions, seconds)
     assert exact <= count, (
         f"the database admitted {exact} entries within {seconds:g} s "
         f"from {when - min(admissions):.6f} s (limit {count})"
     )
-    seq: dict[int, int | None] = dict(
-        QueueEntry.objects.filter(pk__in=[s["entry_id"] for s in spans]).values_list(
-            "pk", "admission_seq"
-        )
-    )
-    numbers = [n for s in spans if (n := seq[s["entry_id"]]) is not None]
-    assert len(set(numbers)) == len(spans), "bodies and admissions are not paired one to one"
-    lags = [s["start"] - admissions[n - 1] for s, n in zip(spans, numbers, strict=True)]
-    # No body starts before the database admitted it (one host, one clock; the mark is
-    # read before the admitting transaction commits and publishes).
-    assert min(lags) >= -CLOCK_RESOLUTION, f"a body started {-min(lags):.6f} s before admission"
-    jitter = max(lags) - min(lags)
     starts = [s["start"] for s in spans]
     most, at = max_in_window(starts, seconds)
-    bound = max_in_window(admissions, seconds + jitter)[0]
-    assert most <= bound, (
-        f"{most} bodies started within {seconds:g} s from {at - min(starts):.3f} s; "
-        f"their admissions allow at most {bound} (dispatch jitter {jitter:.3f} s)"
+    assert most <= count, (
+        f"{most} bodies started within {seconds:g} s from {at - min(starts):.3f} s (limit {count})"
     )
-    if jitter < seconds:
-        narrow = max_in_window(starts, seconds - jitter)[0]
-        assert narrow <= count, (
-            f"{narrow} bodies started within {seconds - jitter:.3f} s (limit {count})"
-        )
-    seen = Checked(
-        most=most,
-        rate=achieved_rate(starts, seconds),
-        jitter=jitter,
-        tolerance=max(0, bound - count),
-    )
+    seen = Checked(most=most, rate=achieved_rate(starts, seconds))
     print(f"{count}/{seconds:g}s: {seen}")  # shown with -s: the figures docs/benchmarks.md quotes
     return seen
 
@@ -297,3 +257,36 @@ def test_admission_log__sees_an_overfilled_window_when_the_rates_change(
     admitted = admission_log(rate_tasks.RATE_POOL)
     assert len(admitted) == 41
     assert max_in_window(admitted, 1.0)[0] == 41
+
+
+@pytest.mark.parametrize("prefetch", [1, 4])
+def test_rate_only_pool__calls_sent_in_a_loop_never_more_than_20_starts_in_any_second(
+    celery_workers: StartWorkers, admission_log: AdmissionLog, prefetch: int
+) -> None:
+    """The pool is open while the caller submits: the first window's bodies start late (the
+    caller still submits, the workers prefetch), the next window is admitted a second after
+    the first admissions. Their bodies' starts still keep 20 in any second."""
+    celery_workers(count=2, concurrency=4, extra_args=[f"--prefetch-multiplier={prefetch}"])
+    _rate_pool(rate_tasks.RATE_POOL, rate="20/s")
+    _release(rate_tasks.RATE_POOL)
+    spans = _starts([rated.delay(i) for i in range(120)])
+    assert sorted(s["i"] for s in spans) == list(range(120))
+    seen = _check_window(spans, 20, 1.0, admission_log(rate_tasks.RATE_POOL))
+    assert seen.rate >= 0.5 * 20, f"achieved {seen}"
+
+
+def test_rate_only_pool__a_worker_started_late_never_more_than_20_starts_in_any_second(
+    celery_workers: StartWorkers, admission_log: AdmissionLog
+) -> None:
+    """One worker (4 processes, prefetch 4) takes the first windows; a second one joins a
+    second later with the backlog's messages to pick up: its first starts come late
+    after their admissions, bunched with the next window's."""
+    celery_workers(count=1, concurrency=4, extra_args=["--prefetch-multiplier=4"])
+    _rate_pool(rate_tasks.RATE_POOL, rate="20/s")
+    _release(rate_tasks.RATE_POOL)
+    results = [rated.delay(i) for i in range(100)]
+    time.sleep(1.0)
+    celery_workers(count=1, concurrency=4, extra_args=["--prefetch-multiplier=4"])
+    spans = _starts(results)
+    assert sorted(s["i"] for s in spans) == list(range(100))
+    _check_window(spans, 20, 1.0, admission_log(rate_tasks.RATE_POOL))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -124,3 +125,68 @@ def test_pooled__decorator_checks_the_rate_when_applied() -> None:
 
     with pytest.raises(PoolConfigurationError, match="is not a rate"):
         pools.pooled(rate="fast")
+
+
+# The window of starts (pools.core.rates.start_opens): a start at ``now`` is allowed iff the
+# N-th previous start of each rate is at most ``now - (W + margin)``.
+
+_T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _at(seconds: float) -> datetime:
+    return _T0 + timedelta(seconds=seconds)
+
+
+def test_start_opens__fewer_than_n_starts_so_far_allows_now() -> None:
+    assert rates.start_opens([(Rate(3, 1.0), None)], _at(0)) is None
+
+
+def test_start_opens__the_nth_previous_start_old_enough_allows_now() -> None:
+    margin = rates.HANDOFF_MARGIN.total_seconds()
+    assert rates.start_opens([(Rate(3, 1.0), _at(0))], _at(1 + margin)) is None
+    assert rates.start_opens([(Rate(3, 1.0), _at(0))], _at(5)) is None
+
+
+def test_start_opens__inside_the_window_waits_for_w_plus_the_margin() -> None:
+    opens = rates.start_opens([(Rate(3, 1.0), _at(0))], _at(0.5))
+    assert opens == _at(1) + rates.HANDOFF_MARGIN
+
+
+def test_start_opens__just_inside_the_window_with_the_margin_still_waits() -> None:
+    margin = rates.HANDOFF_MARGIN.total_seconds()
+    now = _at(1 + margin - 1e-6)
+    assert rates.start_opens([(Rate(3, 1.0), _at(0))], now) == _at(1 + margin)
+
+
+def test_start_opens__every_rate_must_have_room_the_latest_opening_wins() -> None:
+    marks = [(Rate(5, 1.0), _at(9.5)), (Rate(30, 60.0), _at(0))]
+    assert rates.start_opens(marks, _at(10), margin=timedelta(0)) == _at(60)
+    marks2: list[tuple[Rate, datetime | None]] = [(Rate(5, 1.0), _at(9.5)), (Rate(30, 60.0), None)]
+    assert rates.start_opens(marks2, _at(10), margin=timedelta(0)) == _at(10.5)
+
+
+def test_start_opens__without_margin_the_boundary_is_exact() -> None:
+    assert rates.start_opens([(Rate(2, 1.0), _at(0))], _at(1), margin=timedelta(0)) is None
+    assert rates.start_opens([(Rate(2, 1.0), _at(0))], _at(0.999999), margin=timedelta(0))
+
+
+def test_start_opens__a_ring_of_starts_keeps_n_per_window_plus_margin() -> None:
+    """Simulated: starts wanted every 10 ms for 3 s through a 4/s ring. Whatever the
+    wish, no window of W + margin holds more than 4 of the starts allowed."""
+    from pools.bench.rates import max_in_window
+
+    rate, margin = Rate(4, 1.0), rates.HANDOFF_MARGIN
+    ring: list[datetime | None] = [None] * rate.count
+    done: list[float] = []
+    t = 0.0
+    while t < 3.0:
+        k = len(done)
+        opens = rates.start_opens([(rate, ring[k % rate.count])], _at(t), margin)
+        if opens is None:
+            ring[k % rate.count] = _at(t)
+            done.append(t)
+            t += 0.01
+        else:
+            t = (opens - _T0).total_seconds()
+    assert max_in_window(done, 1.0 + margin.total_seconds() - 1e-9)[0] == 4
+    assert len(done) >= 9  # three windows of W + margin fit: the limiter keeps up

@@ -53,3 +53,35 @@ def test_start_claim__gives_up_without_a_result_when_the_outage_lasts(
         worker.start_claim(7, 3, worker="w1", what="t[1]")
     assert starts, "it tried at least once"
     assert "runs again once its lease lapses" in caplog.text
+
+
+def test_start_claim__a_rated_delivery_confirms_its_start_an_unrated_one_does_not(
+    monkeypatch: pytest.MonkeyPatch, starts: list[int]
+) -> None:
+    """Only a message marked ``pools_rated`` takes the rated start (the pool's lock); the
+    decision is the header's alone, no query."""
+    called: list[str] = []
+
+    def plain(entry_id: int, token: int, *, worker: str) -> Any:
+        called.append("start")
+        return CLAIM
+
+    def rated(entry_id: int, token: int, *, worker: str) -> Any:
+        called.append("start_rated")
+        return CLAIM
+
+    monkeypatch.setattr(worker.leases, "start", plain)
+    monkeypatch.setattr(worker.leases, "start_rated", rated)
+    assert worker.start_claim(7, 3, worker="w1", what="t[1]") is CLAIM
+    assert worker.start_claim(7, 3, worker="w1", what="t[1]", rated=True) is CLAIM
+    assert called == ["start", "start_rated"]
+
+
+def test_rated_of__reads_the_header() -> None:
+    from types import SimpleNamespace
+
+    from pools.celery import messages
+
+    assert messages.rated_of(SimpleNamespace(headers={messages.RATED_HEADER: 1}))
+    assert not messages.rated_of(SimpleNamespace(headers={}))
+    assert not messages.rated_of(None)
