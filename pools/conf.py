@@ -36,9 +36,6 @@ class PoolsSettings:
     #: A lapsed lease is given back (its entry re-admitted elsewhere) only this long after
     #: its end: covers clock skew between the worker and the sweeping process.
     REQUEUE_GRACE_SECONDS: float = 1.0
-    #: Added to each rate window for body starts: the longest hand-off you expect from a
-    #: rated start's confirmation to the body's first line (raise it on an overloaded host).
-    RATE_START_MARGIN_SECONDS: float = 0.1
     #: The largest difference you allow between the clocks of your machines (checked
     #: against the grace at start-up, ``pools.E005``; NTP keeps it to milliseconds).
     CLOCK_SKEW_SECONDS: float = 0.5
@@ -129,7 +126,7 @@ _POSITIVE_NUMBERS = {
     "TEMPLATE_IDLE_SECONDS",
 }
 #: Durations that may be zero.
-_NON_NEGATIVE_NUMBERS = {"REQUEUE_GRACE_SECONDS", "CLOCK_SKEW_SECONDS", "RATE_START_MARGIN_SECONDS"}
+_NON_NEGATIVE_NUMBERS = {"REQUEUE_GRACE_SECONDS", "CLOCK_SKEW_SECONDS"}
 _BOOLEANS = {"SQL_FAST_PATH"}
 _POSITIVE_INTEGERS = {"MAX_MESSAGE_BYTES"}
 _KNOWN = {f.name for f in fields(PoolsSettings)}

@@ -138,7 +138,7 @@ POOLS: dict[str, Any] = {
     },
 }
 # Fault tests start workers with short leases / fast sweeps through the environment.
-for _key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "SWEEP_SECONDS", "RATE_START_MARGIN_SECONDS"):
+for _key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "SWEEP_SECONDS"):
     if os.environ.get(f"POOLS_{_key}"):
         POOLS[_key] = float(os.environ[f"POOLS_{_key}"])
 

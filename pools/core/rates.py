@@ -108,11 +108,11 @@ __all__ = [
 #: ``RateMark.rate_index`` of rate ``i``'s ring of starts: ``START_INDEX + i`` (the ring of
 #: admissions is ``i``; a pool has far fewer rates).
 START_INDEX = 1000
-#: Added to each window for starts (the default of ``POOLS["RATE_START_MARGIN_SECONDS"]``):
-#: a body's first line runs a few milliseconds after its start was confirmed (the commit,
-#: the return to the worker), and that hand-off varies from one start to the next. Start
-#: ``k + N`` comes at least ``W + margin`` after start ``k``, so the bodies' own start
-#: times keep ``N`` per ``W`` while the hand-off varies by less than the margin.
+#: Added to each window for starts: a body's first line runs a few milliseconds after its
+#: start was confirmed (the commit, the return to the worker), and that hand-off varies
+#: from one start to the next. Start ``k + N`` comes at least ``W + HANDOFF_MARGIN`` after
+#: start ``k``, so the bodies' own start times keep ``N`` per ``W`` while the hand-off
+#: varies by less than this.
 HANDOFF_MARGIN = timedelta(milliseconds=100)
 
 

@@ -94,8 +94,7 @@ def try_start(entry_id: int, token: int, *, worker: str) -> Claim | Postponed | 
     with locked_pools(demand) as pools:
         rated = {name: rates.parse_rates(p.rate) for name, p in pools.items() if p.rate}
         now = rates.db_now() if rated else timezone.now()
-        margin = timedelta(seconds=conf.get().RATE_START_MARGIN_SECONDS)
-        opens = rates.start_opens(list(_next_slots(pools, rated)), now, margin) if rated else None
+        opens = rates.start_opens(list(_next_slots(pools, rated)), now) if rated else None
         if opens is not None:
             still = QueueEntry.objects.filter(pk=entry_id, token=token, state=EntryState.ADMITTED)
             if not still.exists():
