@@ -51,10 +51,16 @@ def pick(proc: int, cycle: int, procs: int, pools: int) -> int:
 
 
 def create(pool_names: Sequence[str], slots: int, strategy: str) -> None:
-    """Create the numbered pools, each of ``slots`` slots (one statement)."""
+    """Create the numbered pools, each of ``slots`` slots (one statement), and analyze the
+    pool table: planned as the table of one or two rows it was, the stored functions'
+    cached plans could scan 1,000 pools for each lookup by name."""
+    from django.db import connection
+
     from pools.models import Pool
 
     Pool.objects.bulk_create([Pool(name=n, slots=slots, strategy=strategy) for n in pool_names])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pools_pool")
 
 
 def delete() -> None:
