@@ -13,14 +13,14 @@ w7() {
     local name=$1
     shift
     mark "before $name"
-    "$py" -m pools.bench.core --reps 3 "$@" > "$out/$name.txt"
+    "$py" -m pools.bench.core --reps 3 "$@" > "$out/$name.txt" 2> "$out/$name.err" || echo "exit $?" >> "$out/$name.txt"
     mark "after $name"
 }
-w7 n1 --procs 1 --pools 1,1000 --cycles 5000
-w7 n4 --procs 4 --pools 1,10,100 --cycles 6000
-w7 n16 --procs 16 --pools 1,10,100,1000 --cycles 5000
-w7 n64 --procs 64 --pools 1,10,100,1000 --cycles 2500
+w7 n1 --procs 1 --pools 1,1000 --cycles 2000
+w7 n4 --procs 4 --pools 1,100 --cycles 2000
+w7 n16 --procs 16 --pools 1,10,100,1000 --cycles 2000
+w7 n64 --procs 64 --pools 1,10,100,1000 --cycles 1500
 POOLS_PGBOUNCER_PORT=6435 bash scripts/pgbouncer/start.sh
 POOLS_PG_PORT=6435 POOLS_PG_POOLER=transaction w7 n64-pgbouncer \
-    --procs 64 --pools 1,100 --cycles 2500 || true
+    --procs 64 --pools 1,100 --cycles 1500
 POOLS_PGBOUNCER_PORT=6435 bash scripts/pgbouncer/stop.sh
