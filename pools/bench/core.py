@@ -26,6 +26,17 @@ per task of the client processes and of their PostgreSQL backends (``/proc``). T
 waiting in the pool's line, placed behind every round and priority the run reaches (as
 W3 does for the whole stack): the admission cost should not grow with the line.
 
+``--pools K`` (e.g. ``--pools 1,10,100,1000``) spreads the ``N`` processes over ``K``
+pools of ``N`` slots each, so that no slot count binds: cycle ``c`` of process ``i`` takes
+pool ``(i + c * N) mod K`` (:mod:`pools.bench.spread`). Besides the figures above it prints
+admissions/s per pool (each pool's by name up to 10 pools, else min / median / max), the CPU
+per task of every local PostgreSQL process and the machine's busy share (the database's
+side, and the figures that stay right through PgBouncer), and the connections each process
+held (one: its own; Django's, opened once to choose the engine, is closed before the
+clock starts). Without ``--pools`` the output is W7's usual one. Each process holds one
+connection, so ``N`` processes need ``N`` (plus one for this script between runs) of the
+server's ``max_connections``; behind PgBouncer in transaction mode they share its pool.
+
 ``--rate`` gives the pool a rate (``"N/s|m|h|d"``, or several separated by commas): with
 one no run reaches (``100000/s``) every admission checks and records it but none is
 refused, so the figures beside a run without ``--rate`` are what the rate check costs.
@@ -38,13 +49,17 @@ import json
 import multiprocessing
 import os
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-#: Name of the pool this script creates (and deletes).
-POOL = "bench-core"
+from pools.bench import spread, w7_tables
+
+#: Name of the pool this script creates (and deletes); with ``--pools K``, K pools
+#: (:mod:`pools.bench.spread`).
+POOL = spread.POOL
 
 _admitted: list[Any] = []
 
@@ -89,40 +104,57 @@ def _backend_pid() -> int:
 
 #: Fairness keys the timed tasks of a ``fair`` pool cycle over.
 KEYS = 100
-#: The place of the waiting filler entries (``--depths``): behind every timed entry.
-FILLER_ROUND = 2**60
 
 
-def _worker(cycles: int, own: bool, barrier: Any, out: Any) -> None:
-    """One process: ``cycles`` enqueues, and start + settle of whatever it admitted."""
+def _worker(
+    cycles: int,
+    own: bool,
+    barrier: Any,
+    out: Any,
+    index: int = 0,
+    procs: int = 1,
+    pool_names: Sequence[str] = (POOL,),
+) -> None:
+    """One process (``index`` of ``procs``): ``cycles`` enqueues, each on the pool
+    :func:`pools.bench.spread.pick` gives it, and start + settle of whatever it admitted."""
     import django
 
     django.setup()
+    from django.db import connection
     from django.test.utils import override_settings
 
     from pools.bench import core  # this module under its own name (not ``__main__``)
     from pools.core import admission, leases
+    from pools.core import engine as engines
     from pools.core.records import Submission
     from pools.pg import fastpath
     from pools.specs import PoolSpec
 
     if own:
         fastpath.use_own_connection()
-    spec = PoolSpec.build(POOL, 1)
+    specs = [PoolSpec.build(name, 1) for name in pool_names]
     lock_calls: list[float] = []
     backend = fastpath.own_backend_pid() if own else _backend_pid()
+    if own:
+        # The engine is chosen once per process, with a catalog query on Django's
+        # connection (unless the choice came through the fork), which would then stay open
+        # and idle: close it, as Celery's Django fixup does after each task, so that each
+        # process holds one connection (its own), not two.
+        engines.engine()
+        connection.close()
     backend_ticks = _ticks(backend)
     own_ticks = _ticks(os.getpid())
     worker = f"w7-{os.getpid()}"
     with override_settings(POOLS={"PUBLISHER": "pools.bench.core.bridge"}):
-        barrier.wait()
+        barrier.wait()  # every process connected: the parent reads the CPU counters
+        barrier.wait()  # and starts the clock
         for i in range(cycles):
             t0 = time.perf_counter()
             admission.enqueue(
                 Submission(
                     key=str(uuid.uuid4()),
                     task_name="w7.noop",
-                    spec=spec,
+                    spec=specs[spread.pick(index, i, procs, len(specs))],
                     args=[],
                     fairness_key=f"t{(os.getpid() + i) % KEYS}",
                 )
@@ -142,96 +174,14 @@ def _worker(cycles: int, own: bool, barrier: Any, out: Any) -> None:
             "lock_calls": lock_calls,
             "client_ticks": _ticks(os.getpid()) - own_ticks,
             "backend_ticks": _ticks(backend) - backend_ticks,
+            # connections this process held: pools' own and / or Django's
+            "connections": int(own) + int(connection.connection is not None),
         }
     )
-
-
-#: Finished entries kept in the tables during the runs (another pool's), as retention
-#: keeps them in production: planned against empty tables, the functions' cached plans
-#: scan them sequentially, and a run would measure that instead (the figures before
-#: 2026-12-05 did: 64-228 admissions/s).
-BALLAST = 20_000
-BALLAST_POOL = "bench-core-ballast"
-
-
-def _ballast() -> None:
-    """:data:`BALLAST` finished entries of :data:`BALLAST_POOL` (made once, kept)."""
-    from django.db import connection
-
-    from pools.bench import bulk_copy
-    from pools.core import admission
-    from pools.core.records import Submission
-    from pools.models import Pool, QueueEntry
-    from pools.specs import PoolSpec
-    from pools.states import EntryState
-
-    have = QueueEntry.objects.filter(demand__has_key=BALLAST_POOL).count()
-    if have >= BALLAST:
-        return
-    pool, _ = Pool.objects.get_or_create(name=BALLAST_POOL, defaults={"slots": 1, "paused": True})
-    first = Submission(key=str(uuid.uuid4()), task_name="w7.done", spec=PoolSpec.build(pool.name))
-    admission.enqueue(first)
-    bulk_copy.copy_entries(first.key, range(BALLAST - have - 1), lambda j: [])
-    done = EntryState.SUCCEEDED.value
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE pools_queueentry SET state = %s, admitted_at = enqueued_at, "
-            "started_at = enqueued_at, finished_at = enqueued_at WHERE queue_id IN "
-            "(SELECT entry_id FROM pools_demand WHERE pool_id = %s AND state = 'waiting')",
-            [done, pool.pk],
-        )
-        cursor.execute("UPDATE pools_demand SET state = %s WHERE pool_id = %s", [done, pool.pk])
-
-
-def _reset(*, ballast: bool = True) -> None:
-    from django.db import connection
-
-    from pools.models import Pool, PoolEvent, QueueEntry
-
-    QueueEntry.objects.filter(demand__has_key=POOL).delete()
-    PoolEvent.objects.filter(pool=POOL).delete()
-    Pool.objects.filter(name=POOL).delete()
-    if ballast:
-        _ballast()
-    else:
-        QueueEntry.objects.filter(demand__has_key=BALLAST_POOL).delete()
-        Pool.objects.filter(name=BALLAST_POOL).delete()
-    with connection.cursor() as cursor:
-        for table in ("pools_queueentry", "pools_demand", "pools_poolevent", "pools_pool"):
-            cursor.execute(f"VACUUM ANALYZE {table}")
-        cursor.execute("CHECKPOINT")
-
-
-def _fill(depth: int, procs: int) -> None:
-    """``depth`` entries waiting in the (paused) pool's line, behind every timed entry.
-
-    Each asks for one slot more than the pool will have (``procs``), so one that heads the
-    line (no timed entry waits) is never admitted: it waits for its slots, as any head
-    does, on the fast path, and a timed entry placed before it goes first.
-    """
-    from django.db import connection
-
-    from pools.bench import bulk_copy
-    from pools.core import admission
-    from pools.core.records import Submission
-    from pools.models import Pool
-    from pools.specs import PoolSpec
-    from pools.states import EntryState
-
-    spec = PoolSpec.build(POOL, procs + 1)
-    first = Submission(key=str(uuid.uuid4()), task_name="w7.filler", spec=spec)
-    admission.enqueue(first)
-    bulk_copy.copy_entries(first.key, range(depth - 1), lambda j: [])
-    pool = Pool.objects.get(name=POOL)
-    key = "'bulk-' || (entry_id %% 100)" if pool.strategy == "fair" else "NULL"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE pools_demand SET line_round = %s, fairness_key = {key} "
-            "WHERE pool_id = %s AND state = %s",
-            [FILLER_ROUND, pool.pk, EntryState.WAITING.value],
-        )
-        cursor.execute("VACUUM ANALYZE pools_demand")
-        cursor.execute("VACUUM ANALYZE pools_queueentry")
+    try:  # keep the connection (its backend's CPU) until the parent has read the counters
+        barrier.wait(timeout=60)
+    except threading.BrokenBarrierError:
+        pass
 
 
 def run_once(
@@ -242,51 +192,73 @@ def run_once(
     strategy: str = "priority",
     depth: int = 0,
     rate: list[str] | None = None,
+    pools: int | None = None,
 ) -> dict[str, Any]:
-    """One repetition with ``procs`` processes and ``cycles`` tasks in all."""
+    """One repetition with ``procs`` processes and ``cycles`` tasks in all.
+
+    ``pools``: spread the cycles over that many pools (:mod:`pools.bench.spread`) and add
+    the per-pool and per-database figures; ``None`` is one pool and the figures W7 always
+    printed.
+    """
     from django.db import connections
 
+    from pools.bench import cpu
     from pools.models import Pool, QueueEntry
     from pools.states import EntryState
 
-    _reset()
-    Pool.objects.create(name=POOL, slots=procs + 1, strategy=strategy, paused=True)
+    pool_names = spread.names(pools or 1)
+    if depth and len(pool_names) > 1:
+        raise ValueError("W7: --depths fills one pool's line; use it with one pool")
+    w7_tables.reset()
+    if len(pool_names) > 1:
+        spread.create(pool_names, procs, strategy)
+    else:
+        Pool.objects.create(name=POOL, slots=procs + 1, strategy=strategy, paused=True)
     if rate:
         from pools.bench import rates
 
-        rates.set_rate(POOL, rate if len(rate) > 1 else rate[0])
+        for name in pool_names:
+            rates.set_rate(name, rate if len(rate) > 1 else rate[0])
     if depth:
-        _fill(depth, procs)
+        w7_tables.fill(depth, procs)
     Pool.objects.filter(name=POOL).update(slots=procs, paused=False)
     connections.close_all()  # the children open their own
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(procs + 1)
     out = ctx.Queue()
     each = max(cycles // procs, 1)
-    children = [ctx.Process(target=_worker, args=(each, own, barrier, out)) for _ in range(procs)]
+    children = [
+        ctx.Process(target=_worker, args=(each, own, barrier, out, i, procs, pool_names))
+        for i in range(procs)
+    ]
     for child in children:
         child.start()
     from pools.bench import database
 
     wal0 = database.wal_position()
     connections.close_all()
+    barrier.wait()  # every child has its connection
+    cpu0, machine0 = cpu.snapshot(()), cpu.machine_counters()
     barrier.wait()
     t0 = time.perf_counter()
     results = [out.get(timeout=600) for _ in children]
     elapsed = time.perf_counter() - t0
+    cpu1, share = cpu.snapshot(()), cpu.machine_share(machine0)
+    barrier.wait()  # the children may now close their connections and exit
     for child in children:
         child.join()
     wal = database.wal_bytes_since(wal0)
     total = each * procs
-    done = QueueEntry.objects.filter(demand__has_key=POOL, state=EntryState.SUCCEEDED).count()
+    ours = QueueEntry.objects.filter(demands__pool__name__in=pool_names)
+    done = ours.filter(state=EntryState.SUCCEEDED).count()
     if done != total:
         raise RuntimeError(f"W7: {done} of {total} entries succeeded")
-    waiting = QueueEntry.objects.filter(demand__has_key=POOL, state=EntryState.WAITING).count()
+    waiting = ours.filter(state=EntryState.WAITING).count()
     if waiting != depth:
         raise RuntimeError(f"W7: {waiting} entries wait at the end, not the {depth} filled in")
     calls = sorted(c for r in results for c in r["lock_calls"])
     hz = os.sysconf("SC_CLK_TCK")
-    return {
+    figures: dict[str, Any] = {
         "procs": procs,
         "strategy": strategy,
         "depth": depth,
@@ -304,6 +276,42 @@ def run_once(
         "backend_cpu_ms_per_task": round(
             1000 * sum(r["backend_ticks"] for r in results) / hz / total, 3
         ),
+    }
+    if pools is None:
+        return figures
+    return {
+        **figures,
+        "pools": len(pool_names),
+        "slots_per_pool": procs,
+        "connections_per_process": max(r["connections"] for r in results),
+        **spread.per_pool(pool_names, elapsed),
+        **spread.server_figures(cpu0, cpu1, total, share),
+    }
+
+
+def _repeat(
+    opts: argparse.Namespace, procs: int, depth: int, rate: list[str] | None, pools: int | None
+) -> dict[str, Any]:
+    """``--reps`` runs of one point: the median run's figures, with the min and max rate."""
+    runs = [
+        run_once(
+            procs,
+            opts.cycles,
+            opts.connection == "own",
+            strategy=opts.strategy or "priority",
+            depth=depth,
+            rate=rate,
+            pools=pools,
+        )
+        for _ in range(opts.reps)
+    ]
+    rates = [r["admissions_per_s"] for r in runs]
+    mid = sorted(runs, key=lambda r: r["admissions_per_s"])[len(runs) // 2]
+    return {
+        **mid,
+        "admissions_per_s_min": min(rates),
+        "admissions_per_s_max": max(rates),
+        "admissions_per_s_median": statistics.median(rates),
     }
 
 
@@ -324,8 +332,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--rate", default=None, help="the pool's rate(s), e.g. 100000/s (one that never binds)"
     )
+    parser.add_argument(
+        "--pools",
+        default=None,
+        help="spread the processes over K pools of N slots each, e.g. 1,10,100,1000; adds "
+        "admissions/s per pool and the database's CPU (default: one pool, the usual figures)",
+    )
     opts = parser.parse_args(argv)
     rate = [r.strip() for r in opts.rate.split(",") if r.strip()] if opts.rate else None
+    depths = [int(d) for d in opts.depths.split(",")]
+    all_procs = [int(p) for p in opts.procs.split(",")]
+    spreads: list[int | None] = [None]
+    if opts.pools is not None:
+        ks = [int(k) for k in opts.pools.split(",")]
+        if min(ks) < 1:
+            parser.error("--pools: at least one pool")
+        if max(ks) > 1 and max(depths) > 0:
+            parser.error("--depths fills one pool's line: use it with --pools 1")
+        if any(opts.cycles // n * n < max(ks) for n in all_procs):
+            parser.error("--cycles: fewer cycles than pools, some pools would get none")
+        spreads = list(ks)
     import django
 
     django.setup()
@@ -337,32 +363,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rate": rate,
         "by_procs": {},
     }
+    if opts.pools is not None:
+        report["pools"] = spreads
     try:
-        for depth in [int(d) for d in opts.depths.split(",")]:
-            for procs in [int(p) for p in opts.procs.split(",")]:
-                runs = [
-                    run_once(
-                        procs,
-                        opts.cycles,
-                        opts.connection == "own",
-                        strategy=strategy,
-                        depth=depth,
-                        rate=rate,
-                    )
-                    for _ in range(opts.reps)
-                ]
-                rates = [r["admissions_per_s"] for r in runs]
-                mid = sorted(runs, key=lambda r: r["admissions_per_s"])[len(runs) // 2]
-                label = f"{procs}" if depth == 0 else f"{procs}@{depth}"
-                report["by_procs"][label] = {
-                    **mid,
-                    "admissions_per_s_min": min(rates),
-                    "admissions_per_s_max": max(rates),
-                    "admissions_per_s_median": statistics.median(rates),
-                }
-                print(json.dumps({label: report["by_procs"][label]}), flush=True)
+        for depth in depths:
+            for procs in all_procs:
+                for pools in spreads:
+                    label = f"{procs}" if pools is None else f"{procs}x{pools}"
+                    label += "" if depth == 0 else f"@{depth}"
+                    report["by_procs"][label] = _repeat(opts, procs, depth, rate, pools)
+                    print(json.dumps({label: report["by_procs"][label]}), flush=True)
     finally:
-        _reset(ballast=False)
+        w7_tables.reset(ballast=False)
     print(json.dumps(report, indent=2))
 
 
