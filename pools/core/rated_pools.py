@@ -11,7 +11,7 @@ the process is read at once; a rate added to a known pool in another process is 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pools.core.locking import unavailable_on_error
 from pools.models import Pool
@@ -24,11 +24,19 @@ TTL = 1.0
 _rated: tuple[float, dict[str, bool]] | None = None
 
 
-def of(names: Iterable[str]) -> frozenset[str]:
+def _read(names: list[str]) -> dict[str, str]:
+    with unavailable_on_error("reading which pools have a rate"):
+        return dict(Pool.objects.filter(name__in=names).values_list("name", "rate"))
+
+
+def of(
+    names: Iterable[str], *, read: Callable[[list[str]], dict[str, str]] = _read
+) -> frozenset[str]:
     """Which of ``names`` have a rate, for an admitting side that does not read the pools'
     rates itself (the PostgreSQL engine's admissions). Kept per process: a name is read
-    (one query for all such names) when new or when :data:`TTL` has passed
-    since the last read; :func:`forget` drops what was read at once."""
+    (one query for all such names, by ``read``: ``{name: rate}``) when new or when
+    :data:`TTL` has passed since the last read; :func:`forget` drops what was read at once.
+    """
     global _rated
     names = list(names)
     now = time.monotonic()
@@ -37,9 +45,8 @@ def of(names: Iterable[str]) -> frozenset[str]:
     known = _rated[1]
     new = set(names) - known.keys()
     if new:
-        with unavailable_on_error("reading which pools have a rate"):
-            read = dict(Pool.objects.filter(name__in=new).values_list("name", "rate"))
-        known.update({name: bool(read.get(name)) for name in new})
+        rates = read(sorted(new))
+        known.update({name: bool(rates.get(name)) for name in new})
     return frozenset(name for name in names if known[name])
 
 

@@ -191,7 +191,11 @@ def _on_commit(reply: fastpath.Reply) -> list[Admission]:
     engine's (:func:`pools.core.leases.start_rated`).
     """
     admitted = reply.of("admitted")
-    rated = rated_pools.of({row.pool or "" for row in admitted}) if admitted else frozenset()
+    rated = (
+        rated_pools.of({row.pool or "" for row in admitted}, read=fastpath.pool_rates)
+        if admitted
+        else frozenset()
+    )
     admissions = [
         Admission(
             entry_id=row.entry or 0,

@@ -350,6 +350,34 @@ def _call_own(query: str, args: list[Any], what: str) -> Reply:
         raise unavailable(what, exc) from exc
 
 
+def pool_rates(names: Sequence[str]) -> dict[str, str]:
+    """``{name: rate}`` of the named pools, read on the connection the calls use: pools' own
+    in a worker (outside a transaction), so a worker process keeps one connection.
+
+    A plain read, not prepared (nothing outlives it behind a transaction pooler); an error
+    raises :class:`PoolUnavailable`.
+    """
+    query = "SELECT name, rate FROM pools_pool WHERE name = ANY(%s)"
+    what = "reading which pools have a rate"
+    if not (_own.enabled and not connection.in_atomic_block):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(query, [list(names)])
+                return dict(cursor.fetchall())
+        except DatabaseError as exc:
+            raise unavailable(what, exc) from exc
+    import psycopg
+
+    try:
+        with _connect().cursor() as cursor:
+            cursor.execute(query, [list(names)], prepare=False)
+            return dict(cursor.fetchall())
+    except psycopg.Error as exc:
+        if _own.conn is not None and (_own.conn.broken or _own.conn.closed):
+            close_own_connection()
+        raise unavailable(what, exc) from exc
+
+
 def jsonb(value: Any) -> str:
     """A parameter for a ``jsonb`` argument, encoded as the model's JSON fields encode it."""
     return json.dumps(value, cls=DjangoJSONEncoder)
