@@ -369,7 +369,10 @@ def pool_rates(names: Sequence[str]) -> dict[str, str]:
     import psycopg
 
     try:
-        with _connect().cursor() as cursor:
+        conn = _connect()
+        # As _call_own sends an unprepared call: bound on the client, so nothing (not even
+        # an unnamed statement) is left to a pooler's next client.
+        with conn.cursor() if prepared_statements() else psycopg.ClientCursor(conn) as cursor:
             cursor.execute(query, [list(names)], prepare=False)
             return dict(cursor.fetchall())
     except psycopg.Error as exc:
