@@ -31,12 +31,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
 from pools import conf
-from pools.core import rates, settling
+from pools.core import rates, settling, windows
 from pools.core.engines.orm import mark_running
 from pools.core.locking import locked_pools, unavailable_on_error
 from pools.core.records import Claim
@@ -128,7 +127,7 @@ def hold(pools: Mapping[str, Pool], until: datetime) -> None:
             at = until - rate.window
             mark = RateMark.objects.filter(pool_id=pool.pk, rate_index=index, slot=slot)
             if not mark.filter(at__gte=at).exists():
-                _upsert([RateMark(pool_id=pool.pk, rate_index=index, slot=slot, at=at)])
+                windows.write_marks([RateMark(pool_id=pool.pk, rate_index=index, slot=slot, at=at)])
 
 
 def _next_slots(
@@ -164,20 +163,8 @@ def _count(
         for name, pool_rates in rated.items()
         for index, rate in enumerate(pool_rates)
     ]
-    _upsert(rows)
+    windows.write_marks(rows)
     Pool.objects.filter(pk__in=[pools[name].pk for name in rated]).update(starts=F("starts") + 1)
-
-
-def _upsert(rows: list[RateMark]) -> None:
-    # MariaDB/MySQL name no conflict target (as pools.core.windows).
-    target = (
-        ["pool", "rate_index", "slot"]
-        if connection.features.supports_update_conflicts_with_target
-        else None
-    )
-    RateMark.objects.bulk_create(
-        rows, update_conflicts=True, update_fields=["at"], unique_fields=target
-    )
 
 
 def local_until(postponed: Postponed) -> datetime:

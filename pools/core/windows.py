@@ -131,17 +131,22 @@ class Windows:
                             at=self.now,
                         )
                     )
-        if not rows:
-            return
-        # An upsert: the slot's row is overwritten (MariaDB/MySQL name no conflict target).
-        target = (
-            ["pool", "rate_index", "slot"]
-            if connection.features.supports_update_conflicts_with_target
-            else None
-        )
-        RateMark.objects.bulk_create(
-            rows, update_conflicts=True, update_fields=["at"], unique_fields=target
-        )
+        write_marks(rows)
+
+
+def write_marks(rows: list[RateMark]) -> None:
+    """Write ring slots (of admissions or of starts): an upsert, each slot's row overwritten
+    (MariaDB/MySQL name no conflict target). The caller holds the pools' locks."""
+    if not rows:
+        return
+    target = (
+        ["pool", "rate_index", "slot"]
+        if connection.features.supports_update_conflicts_with_target
+        else None
+    )
+    RateMark.objects.bulk_create(
+        rows, update_conflicts=True, update_fields=["at"], unique_fields=target
+    )
 
 
 def reset(pool: Pool) -> None:
