@@ -46,6 +46,7 @@ from django.db import (
     connection,
     transaction,
 )
+from django.db.models import F
 
 from pools import conf
 from pools.exceptions import PoolUnavailable
@@ -404,8 +405,46 @@ def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
     """
     wanted = sorted(set(names))
     with bounded(f"pools {', '.join(wanted)}"):
-        pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
+        if connection.vendor != "postgresql":
+            pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
+            yield {p.name: p for p in pools}
+            return
+        # FOR NO KEY UPDATE: a call that found a pool locked may insert rows referencing it
+        # (their foreign-key check takes KEY SHARE) without waiting for this transaction.
+        locked = Pool.objects.select_for_update(no_key=True).filter(name__in=wanted)
+        pools = list(locked.order_by("name"))
+        apply_owed(pools)
+        transaction.on_commit(lambda: _look_again(wanted))
         yield {p.name: p for p in pools}
+
+
+def apply_owed(pools: list[Pool]) -> None:
+    """Subtract from the locked ``pools``' ``held`` the releases that settles which found
+    them locked left (:class:`~pools.models.OwedRelease`; PostgreSQL engine only)."""
+    owed: dict[int, int] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM pools_owedrelease WHERE pool_id = ANY(%s) RETURNING pool_id, slots",
+            [[p.pk for p in pools]],
+        )
+        for pk, slots in cursor.fetchall():
+            owed[pk] = owed.get(pk, 0) + slots
+    for pool in pools:
+        if owed.get(pool.pk):
+            pool.held -= owed[pool.pk]
+            Pool.objects.filter(pk=pool.pk).update(held=F("held") - owed[pool.pk])
+
+
+def _look_again(names: list[str]) -> None:
+    """After a commit that held pool locks on PostgreSQL: look for work calls that found
+    them locked left to this holder (docs/concepts/admission.md#contention)."""
+    from pools.core import engine as engines
+
+    chosen = engines.engine()
+    if chosen.name == "postgresql":
+        from pools.pg.engine import recheck_safely
+
+        recheck_safely(names)
 
 
 @contextmanager

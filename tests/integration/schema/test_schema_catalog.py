@@ -43,7 +43,7 @@ SCHEMA = "squash_schema"
 PORT = os.environ.get("POOLS_PG_PORT", "5432")
 INITIAL = "0001_release_0_1_0"
 #: The functions (b) may hold beyond (a): the previous version, kept one release.
-LEFTOVER = re.compile(rf"pools_[a-z]+_v{functions.VERSION - 1}\(")
+LEFTOVER = re.compile(rf"pools_[a-z_]+_v{functions.VERSION - 1}\(")
 _HEADER = re.compile(r"^-- Name: (.*); Type: (.*); Schema: (.*); Owner: .*$")
 
 
