@@ -46,7 +46,6 @@ from django.db import (
     connection,
     transaction,
 )
-from django.db.models import F
 
 from pools import conf
 from pools.exceptions import PoolUnavailable
@@ -411,28 +410,12 @@ def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
             return
         # FOR NO KEY UPDATE: a call that found a pool locked may insert rows referencing it
         # (their foreign-key check takes KEY SHARE) without waiting for this transaction.
+        # Work calls that found these pools locked left to the holder (owed releases count
+        # as held until then): the stored procedure takes it after this commit.
         locked = Pool.objects.select_for_update(no_key=True).filter(name__in=wanted)
         pools = list(locked.order_by("name"))
-        apply_owed(pools)
         transaction.on_commit(lambda: _look_again(wanted))
         yield {p.name: p for p in pools}
-
-
-def apply_owed(pools: list[Pool]) -> None:
-    """Subtract from the locked ``pools``' ``held`` the releases that settles which found
-    them locked left (:class:`~pools.models.OwedRelease`; PostgreSQL engine only)."""
-    owed: dict[int, int] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "DELETE FROM pools_owedrelease WHERE pool_id = ANY(%s) RETURNING pool_id, slots",
-            [[p.pk for p in pools]],
-        )
-        for pk, slots in cursor.fetchall():
-            owed[pk] = owed.get(pk, 0) + slots
-    for pool in pools:
-        if owed.get(pool.pk):
-            pool.held -= owed[pool.pk]
-            Pool.objects.filter(pk=pool.pk).update(held=F("held") - owed[pool.pk])
 
 
 def _look_again(names: list[str]) -> None:

@@ -5,18 +5,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('pools', '0006_rate_starts'),
+        ("pools", "0006_rate_starts"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='OwedRelease',
+            name="OwedRelease",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slots', models.PositiveIntegerField()),
-                ('pool', models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='pools.pool')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("slots", models.PositiveIntegerField()),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="+",
+                        to="pools.pool",
+                    ),
+                ),
             ],
         ),
     ]

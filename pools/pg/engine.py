@@ -26,7 +26,6 @@ from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.exceptions import DemandExceedsCapacity, PoolFull, UnknownPool
 from pools.pg import fastpath, functions
 
-
 logger = logging.getLogger("pools.core.admission")
 
 
@@ -221,7 +220,13 @@ def recheck(names: Iterable[str]) -> list[Admission]:
         return []
     reply = fastpath.call_procedure(
         functions.name("recheck"),
-        [wanted, timezone.now(), conf.get().LEASE_SECONDS, fastpath.listening()],
+        [
+            wanted,
+            timezone.now(),
+            conf.get().LEASE_SECONDS,
+            fastpath.listening(),
+            fastpath.lock_ms(),
+        ],
         what=f"pools {', '.join(wanted)}",
     )
     admissions = _on_commit(reply)
@@ -235,8 +240,11 @@ def recheck_safely(names: Iterable[str]) -> None:
     try:
         recheck(names)
     except Exception:
-        logger.warning("pools %s: the look for work left to the lock holder failed",
-                       ", ".join(sorted(set(names))), exc_info=True)
+        logger.warning(
+            "pools %s: the look for work left to the lock holder failed",
+            ", ".join(sorted(set(names))),
+            exc_info=True,
+        )
 
 
 def _on_commit(reply: fastpath.Reply) -> list[Admission]:

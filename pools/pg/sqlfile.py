@@ -19,7 +19,9 @@ from django.db import migrations
 #: Where the SQL files are.
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 
-_CREATED = re.compile(r"^CREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\s+(\w+)\s*\(", re.I | re.M)
+_CREATED = re.compile(
+    r"^CREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\s+(\w+)\s*\(", re.I | re.M
+)
 
 
 def read(path: str) -> str:

@@ -120,8 +120,9 @@ BEGIN
                     p.pending_slots, p.strategy, p.fair_round, p.spend_cap, p.rate
                FROM pools_pool p
              WHERE p.id = ANY(p_pools) ORDER BY p.name LOOP
-        -- Releases owed by settles that found this pool locked (pools_owedrelease): the
-        -- lock holder subtracts them from held first.
+        -- Work owed by calls that found this pool locked (pools_owedrelease): releases of
+        -- settles, which the lock holder subtracts from held first, and admission passes
+        -- (0 slots) of entries put in line, which this pass is.
         WITH o AS (DELETE FROM pools_owedrelease o WHERE o.pool_id = r.id RETURNING o.slots)
         SELECT COALESCE(sum(o.slots), 0) INTO v_owed FROM o;
         IF v_owed > 0 THEN
@@ -566,15 +567,15 @@ $$;
 -- Results come back as one jsonb array of the output rows (pools_out_v8's columns), in
 -- the INOUT argument o_rows.
 
--- After a commit: while a pool named in p_pools has owed releases, or a head (one pool, no
--- deadline, pin or job policy) that fits in a pool with no rate, spend cap, pause or
--- pending capacity, lock those pools without waiting (a pool locked by another call is
--- left to that call, which looks again after its commit), admit (pools_admit_v8) and
--- commit. Appends the rows to o_rows. After 50 rounds it stops and adds a 'wake' row due
--- now for the pools that still have work (the caller runs a pass for them).
+-- After a commit: while a pool named in p_pools has work owed to its lock holder (rows of
+-- pools_owedrelease), lock those pools without waiting (a pool locked by another call is
+-- left to that call, which looks again after its commit), admit (pools_admit_v8, which
+-- takes the owed work) and commit. Appends the rows to o_rows. After 50 rounds it stops
+-- and adds a 'wake' row due now for the pools that still have work (the caller runs a
+-- pass for them).
 CREATE OR REPLACE PROCEDURE pools_recheck_v8(
     p_pools text[], p_now timestamptz, p_lease double precision, p_events boolean,
-    INOUT o_rows jsonb)
+    p_lock_ms integer, INOUT o_rows jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_work bigint[];
@@ -583,25 +584,10 @@ DECLARE
 BEGIN
     o_rows := COALESCE(o_rows, '[]'::jsonb);
     FOR i IN 1 .. 51 LOOP
+        PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
         SELECT array_agg(p.id ORDER BY p.name) INTO v_work FROM pools_pool p
          WHERE p.name = ANY(p_pools)
-           AND (EXISTS (SELECT 1 FROM pools_owedrelease o WHERE o.pool_id = p.id)
-                OR (NOT p.paused AND p.pending_slots IS NULL AND p.rate = ''
-                    AND p.spend_cap IS NULL
-                    AND EXISTS (
-                        SELECT 1 FROM (
-                            SELECT d.slots, e.demand, e.deadline, e.pinned_worker,
-                                   e.concurrency_policy, e.job
-                              FROM pools_demand d
-                              JOIN pools_queueentry e ON e.queue_id = d.entry_id
-                             WHERE d.pool_id = p.id AND d.state = 'waiting'
-                             ORDER BY d.line_round, d.line_at, d.entry_id
-                             LIMIT 1) h
-                         WHERE h.slots <= p.slots - p.held
-                           AND (h.deadline IS NULL OR h.deadline > p_now)
-                           AND h.pinned_worker = ''
-                           AND NOT (h.concurrency_policy = 'forbid' AND h.job <> '')
-                           AND (SELECT count(*) FROM jsonb_object_keys(h.demand)) = 1)));
+           AND EXISTS (SELECT 1 FROM pools_owedrelease o WHERE o.pool_id = p.id);
         EXIT WHEN v_work IS NULL;
         IF i > 50 THEN
             SELECT jsonb_agg(to_jsonb(w)) INTO v_rows
@@ -640,6 +626,7 @@ DECLARE
     v_pool bigint;
     v_entry bigint;
 BEGIN
+    PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
     IF (p_not_before IS NULL OR p_not_before <= p_now)
        AND (SELECT count(*) FROM jsonb_object_keys(p_demand)) = 1 THEN
         v_name := (SELECT k FROM jsonb_object_keys(p_demand) k);
@@ -654,10 +641,12 @@ BEGIN
                                          p_priority, p_now, p_not_before, p_deadline, p_origin,
                                          p_root, p_parent, p_attempt, p_fairness_key,
                                          ARRAY[v_pool]);
+                -- Owed to the holder: an admission pass (no slots to release).
+                INSERT INTO pools_owedrelease (pool_id, slots) VALUES (v_pool, 0);
                 SELECT jsonb_agg(to_jsonb(x)) INTO o_rows
                   FROM pools_enqueued_v8(v_entry, p_key, p_demand, p_now, p_events) x;
                 COMMIT;
-                CALL pools_recheck_v8(ARRAY[v_name], p_now, p_lease, p_events, o_rows);
+                CALL pools_recheck_v8(ARRAY[v_name], p_now, p_lease, p_events, p_lock_ms, o_rows);
                 RETURN;
             END IF;
         END IF;
@@ -668,7 +657,7 @@ BEGIN
                             p_attempt, p_lease, p_events, p_fairness_key, p_lock_ms) x;
     COMMIT;
     v_names := ARRAY(SELECT jsonb_object_keys(p_demand));
-    CALL pools_recheck_v8(v_names, p_now, p_lease, p_events, o_rows);
+    CALL pools_recheck_v8(v_names, p_now, p_lease, p_events, p_lock_ms, o_rows);
 END
 $$;
 
@@ -688,6 +677,7 @@ DECLARE
     v_pool bigint;
     f record;
 BEGIN
+    PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
     SELECT e.demand INTO v_demand FROM pools_queueentry e WHERE e.queue_id = p_entry;
     IF FOUND AND (SELECT count(*) FROM jsonb_object_keys(v_demand)) = 1 THEN
         v_name := (SELECT k FROM jsonb_object_keys(v_demand) k);
@@ -697,7 +687,6 @@ BEGIN
              WHERE p.name = v_name AND p.rate = '' AND p.spend_cap IS NULL
                AND p.pending_slots IS NULL;
             IF FOUND THEN
-                PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
                 SELECT * INTO f
                   FROM pools_finish_v8(p_entry, p_token, p_outcome, p_reason, p_live, p_now);
                 IF NOT FOUND THEN
@@ -710,7 +699,7 @@ BEGIN
                   FROM pools_settled_v8(p_entry, p_token, f.o_key, v_demand, f.o_state,
                                         f.o_job, p_now, p_events) x;
                 COMMIT;
-                CALL pools_recheck_v8(ARRAY[v_name], p_now, p_lease, p_events, o_rows);
+                CALL pools_recheck_v8(ARRAY[v_name], p_now, p_lease, p_events, p_lock_ms, o_rows);
                 RETURN;
             END IF;
         END IF;
@@ -721,7 +710,7 @@ BEGIN
     COMMIT;
     IF v_demand IS NOT NULL THEN
         v_names := ARRAY(SELECT jsonb_object_keys(v_demand));
-        CALL pools_recheck_v8(v_names, p_now, p_lease, p_events, o_rows);
+        CALL pools_recheck_v8(v_names, p_now, p_lease, p_events, p_lock_ms, o_rows);
     END IF;
 END
 $$;
