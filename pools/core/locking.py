@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -414,20 +414,20 @@ def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
         # as held until then): the stored procedure takes it after this commit.
         locked = Pool.objects.select_for_update(no_key=True).filter(name__in=wanted)
         pools = list(locked.order_by("name"))
-        transaction.on_commit(lambda: _look_again(wanted))
+        for hook in _after_locks:
+            transaction.on_commit(lambda hook=hook: hook(wanted))  # type: ignore[misc]
         yield {p.name: p for p in pools}
 
 
-def _look_again(names: list[str]) -> None:
-    """After a commit that held pool locks on PostgreSQL: look for work calls that found
-    them locked left to this holder (docs/concepts/admission.md#contention)."""
-    from pools.core import engine as engines
+#: What runs after a commit that held pool locks on PostgreSQL, with the pools' names: the
+#: look for work that calls which found them locked left to the holder
+#: (docs/concepts/admission.md#contention), registered by :mod:`pools.core.engine`.
+_after_locks: list[Callable[[list[str]], None]] = []
 
-    chosen = engines.engine()
-    if chosen.name == "postgresql":
-        from pools.pg.engine import recheck_safely
 
-        recheck_safely(names)
+def after_locks(hook: Callable[[list[str]], None]) -> None:
+    """Register what :func:`locked_pools` runs after its commit on PostgreSQL."""
+    _after_locks[:] = [hook]
 
 
 @contextmanager
