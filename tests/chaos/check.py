@@ -332,7 +332,8 @@ def _entry_life(
     holds: list[starvation.Hold] = []
     since = joins
     for requeued in sorted(requeues):
-        if admitted is not None and since <= admitted <= requeued:
+        # (A requeue that admits it again in its own pass stamps both with one time.)
+        if admitted is not None and since <= admitted < requeued:
             stays.append(replace(base, possibly_from=since, surely_from=since, until=admitted))
             holds.append(starvation.Hold(demand, admitted, requeued))
         else:  # admitted at an unknown time: held (and possibly in line) all along
