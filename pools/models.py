@@ -475,6 +475,26 @@ class RateMark(models.Model):
         return f"{self.pool_id}#{self.rate_index}[{self.slot}] {self.at.isoformat()}"
 
 
+class OwedRelease(models.Model):
+    """Slots a settle released while another call held its pool's row lock (PostgreSQL).
+
+    A settle that finds the pool locked does not wait: it ends its entry and leaves the
+    release here; the next call that holds the lock subtracts it from :attr:`Pool.held`
+    and admits for everyone (``pools_admit`` in ``pools/pg/sql/schema.sql``,
+    :func:`pools.core.held.apply_owed`), and every holder looks for such work again after
+    it commits (docs/concepts/admission.md#contention). No foreign-key constraint: an
+    insert must not take a key-share lock on the pool's row while another call holds it.
+    """
+
+    pool = models.ForeignKey(
+        Pool, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    slots = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.pool_id}: {self.slots} owed"
+
+
 class PoolEvent(models.Model):
     """Append-only log of lifecycle events (the order of ``id`` is the order they happened)."""
 

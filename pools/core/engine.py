@@ -22,6 +22,7 @@ from typing import Protocol
 from django.db import DatabaseError, connection
 
 from pools import conf
+from pools.core import locking
 from pools.core.engines.orm import ORM
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.pg import engine as pg_engine
@@ -177,3 +178,13 @@ def engine() -> Engine:
         session = connection.connection if standing_in else None
         connection._pools_engine = (settings, session, chosen)  # type: ignore[attr-defined]
     return chosen
+
+
+def _look_again(names: list[str]) -> None:
+    """After a commit that held pool locks: on the PostgreSQL engine, admit what calls
+    that found those pools locked left to the holder (docs/concepts/admission.md#contention)."""
+    if engine() is pg_engine.POSTGRESQL:
+        pg_engine.recheck_safely(names)
+
+
+locking.after_locks(_look_again)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -404,8 +404,30 @@ def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
     """
     wanted = sorted(set(names))
     with bounded(f"pools {', '.join(wanted)}"):
-        pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
+        if connection.vendor != "postgresql":
+            pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
+            yield {p.name: p for p in pools}
+            return
+        # FOR NO KEY UPDATE: a call that found a pool locked may insert rows referencing it
+        # (their foreign-key check takes KEY SHARE) without waiting for this transaction.
+        # Work calls that found these pools locked left to the holder (owed releases count
+        # as held until then): the stored procedure takes it after this commit.
+        locked = Pool.objects.select_for_update(no_key=True).filter(name__in=wanted)
+        pools = list(locked.order_by("name"))
+        for hook in _after_locks:
+            transaction.on_commit(lambda hook=hook: hook(wanted))  # type: ignore[misc]
         yield {p.name: p for p in pools}
+
+
+#: What runs after a commit that held pool locks on PostgreSQL, with the pools' names: the
+#: look for work that calls which found them locked left to the holder
+#: (docs/concepts/admission.md#contention), registered by :mod:`pools.core.engine`.
+_after_locks: list[Callable[[list[str]], None]] = []
+
+
+def after_locks(hook: Callable[[list[str]], None]) -> None:
+    """Register what :func:`locked_pools` runs after its commit on PostgreSQL."""
+    _after_locks[:] = [hook]
 
 
 @contextmanager

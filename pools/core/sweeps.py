@@ -17,7 +17,7 @@ from django.utils import timezone
 from pools import conf
 from pools.core import admission, backoffs, dispatch, per_key, settings_sync
 from pools.core.locking import locked_pools
-from pools.models import Demand, Pool, PoolEvent, QueueEntry, RunBudget
+from pools.models import Demand, OwedRelease, Pool, PoolEvent, QueueEntry, RunBudget
 from pools.states import TERMINAL_STATES
 
 logger = logging.getLogger("pools.core.sweeps")
@@ -71,13 +71,15 @@ def sweep(now: datetime | None = None) -> SweepReport:
 
 
 def _held_sums(pool_ids: list[int] | None = None) -> dict[int, int]:
-    rows = Demand.objects.held()
-    if pool_ids is not None:
-        rows = rows.filter(pool_id__in=pool_ids)
-    return {
-        r["pool_id"]: int(r["n"])
-        for r in rows.values("pool_id").annotate(n=Sum("slots")).order_by()
-    }
+    """What each pool's ``held`` should be: its holders' slots, plus releases still owed
+    to its lock holder (settles that found the pool locked: :class:`OwedRelease`)."""
+    sums: dict[int, int] = {}
+    for rows in (Demand.objects.held(), OwedRelease.objects.all()):
+        if pool_ids is not None:
+            rows = rows.filter(pool_id__in=pool_ids)
+        for r in rows.values("pool_id").annotate(n=Sum("slots")).order_by():
+            sums[r["pool_id"]] = sums.get(r["pool_id"], 0) + int(r["n"] or 0)
+    return sums
 
 
 def check_held() -> int:

@@ -8,8 +8,7 @@ each table are listed in the order those migrations added them, and on PostgreSQ
 ``fillfactor`` 80 on the entry table (room on each page for a start's HOT update: "HOT
 starts" in docs/benchmarks.md) and runs ``pools/pg/sql/<BASELINE>``, the stored functions
 as of 0.1.0 (tests/integration/test_schema_catalog.py and test_schema_sqlite.py compare
-the two). BASELINE names ``schema.sql`` while that is also the current schema; the first
-change to the SQL after 0.1.0 freezes it under a name of its own
+the two), frozen as ``baseline-0.1.0.sql`` when the SQL first changed after 0.1.0
 (docs/howto/sql-changes.md).
 """
 
@@ -25,7 +24,7 @@ from pools.pg import sqlfile
 
 #: The file of ``pools/pg/sql/`` this migration runs on PostgreSQL (pinned by checksum in
 #: tests/unit/test_sql_versions.py).
-BASELINE = "schema.sql"
+BASELINE = "baseline-0.1.0.sql"
 
 
 class Migration(migrations.Migration):

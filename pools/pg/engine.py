@@ -8,10 +8,13 @@ rule, :func:`handed_to_orm`. Requeue and the admission pass are the ORM engine's
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from pools import conf
@@ -22,6 +25,8 @@ from pools.core.pass_runs import admit_after_settle, admit_later, follow_up, req
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.exceptions import DemandExceedsCapacity, PoolFull, UnknownPool
 from pools.pg import fastpath, functions
+
+logger = logging.getLogger("pools.core.admission")
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,9 @@ def _enqueue_in_one_call(
     ORM engine then runs it.
     """
     spec = sub.spec
-    reply = fastpath.call(
-        functions.name("enqueue"),
+    reply = _call(
+        "enqueue",
+        sorted(spec.demand),
         [
             sub.key,
             sub.task_name,
@@ -184,6 +190,63 @@ def _enqueue_in_one_call(
     )
 
 
+def _call(base: str, pools: list[str] | None, params: list[Any], *, what: str) -> fastpath.Reply:
+    """Enqueue or settle: outside a transaction the procedure (``<base>_call``), which does
+    not wait for a pool another call holds and looks again for work left to it after it
+    commits; inside the caller's transaction the function, which waits for the locks, and
+    the look again after the caller commits (:func:`recheck`; ``pools``: the pools it
+    locks, ``None`` for those of the settled entry, which the function's ``settled`` row
+    names). See docs/concepts/admission.md#contention.
+    """
+    if not connection.in_atomic_block:
+        return fastpath.call_procedure(
+            functions.name(f"{base}_call"), [*params, fastpath.lock_ms()], what=what
+        )
+    reply = fastpath.call(functions.name(base), params, what=what)
+    if pools is None:
+        settled = reply.first("settled")
+        pools = sorted(settled.demand or {}) if settled is not None else []
+    if pools:
+        transaction.on_commit(lambda: recheck_safely(pools))
+    return reply
+
+
+def recheck(names: Iterable[str]) -> list[Admission]:
+    """After a commit that held the row locks of ``names``: admit what calls that found
+    those pools locked left to the holder (owed releases, entries put in line), and hand
+    the admissions to the after-commit hooks (``pools_recheck`` in ``schema.sql``)."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return []
+    reply = fastpath.call_procedure(
+        functions.name("recheck"),
+        [
+            wanted,
+            timezone.now(),
+            conf.get().LEASE_SECONDS,
+            fastpath.listening(),
+            fastpath.lock_ms(),
+        ],
+        what=f"pools {', '.join(wanted)}",
+    )
+    admissions = _on_commit(reply)
+    follow_up(set(handed_to_orm(reply=reply).pools))
+    return admissions
+
+
+def recheck_safely(names: Iterable[str]) -> None:
+    """:func:`recheck` after a commit: an error is logged, never raised (what it would have
+    admitted waits for the next call on those pools, or the sweep's pass)."""
+    try:
+        recheck(names)
+    except Exception:
+        logger.warning(
+            "pools %s: the look for work left to the lock holder failed",
+            ", ".join(sorted(set(names))),
+            exc_info=True,
+        )
+
+
 def _on_commit(reply: fastpath.Reply) -> list[Admission]:
     """Hand a fast-path call's admissions, wake-ups and events to the after-commit hooks.
 
@@ -221,8 +284,9 @@ def _settle_in_one_call(
     entry_id: int, token: int, outcome: str, reason: str, live_lease: bool
 ) -> bool:
     """:func:`pools.core.admission.settle` as one call of the settle function (PostgreSQL fast path)."""
-    reply = fastpath.call(
-        functions.name("settle"),
+    reply = _call(
+        "settle",
+        None,
         [
             entry_id,
             token,

@@ -159,7 +159,7 @@ def decode(
     committed: bool = False,
     jsonb_as_text: bool = False,
 ) -> Reply:
-    """Rows of a v7 function as :class:`Row` objects, by column name (``o_`` dropped).
+    """Rows of a stored function as :class:`Row` objects, by column name (``o_`` dropped).
 
     ``jsonb_as_text``: the connection hands ``jsonb`` columns over as their JSON text (Django's
     connection does, for its ``JSONField``); pools' own connection hands them over decoded.
@@ -215,6 +215,51 @@ def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
         raise  # a bug, not an outage: do not disguise it
     except DatabaseError as exc:
         raise unavailable(what, exc) from exc
+
+
+def call_procedure(procedure: str, params: Sequence[Any], *, what: str) -> Reply:
+    """``CALL procedure(params, NULL)`` outside a transaction: the procedure commits its
+    own work (and looks again for work other calls left to it: pools_recheck in
+    ``schema.sql``), so it cannot run inside one. Its rows come back as one ``jsonb``
+    array (its ``INOUT o_rows``), decoded as :func:`decode` decodes a function's rows.
+
+    The call runs in autocommit on pools' own connection (a prepared statement unless
+    prepared statements are off) or on Django's connection. No ``SET LOCAL`` of the
+    statement bound precedes it (a statement before it in one query string would make an
+    implicit transaction, where a procedure may not commit): its lock waits are bounded by
+    ``lock_timeout``, which it sets itself, and by the session's ``statement_timeout`` on
+    pools' own prepared connection. Errors as :func:`call`.
+    """
+    if connection.in_atomic_block:  # pragma: no cover - the engine checks first
+        raise RuntimeError(f"{procedure} commits: it cannot run inside a transaction")
+    query = f"CALL {procedure}({', '.join(['%s'] * (len(params) + 1))})"
+    args = [*params, None]
+    if _own.enabled:
+        _, rows = _execute_own(query, args, what, bound=False)
+        return _rows_of(rows[0][0] if rows else None, as_text=False)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(query, args)
+            row = cursor.fetchone()
+    except (IntegrityError, ProgrammingError) as exc:
+        if schema_behind(exc):
+            raise unavailable(what, exc) from exc
+        raise
+    except DatabaseError as exc:
+        raise unavailable(what, exc) from exc
+    return _rows_of(row[0] if row else None, as_text=True)
+
+
+def _rows_of(array: Any, *, as_text: bool) -> Reply:
+    """A procedure's ``o_rows`` (a ``jsonb`` array of output rows) as a committed :class:`Reply`."""
+    items = json_value(array, as_text=as_text) or []
+    rows = []
+    for item in items:
+        data = {k[2:]: v for k, v in item.items()}
+        if data.get("at") is not None:
+            data["at"] = datetime.fromisoformat(data["at"])
+        rows.append(Row(**data))
+    return Reply(rows, committed=True)
 
 
 class _Own(threading.local):
@@ -324,6 +369,18 @@ def _call_own(query: str, args: list[Any], what: str) -> Reply:
     sends it: client-side bound, after ``SET LOCAL`` of the bound in the same query string
     (one implicit transaction), so nothing outlives the call on the server connection.
     """
+    columns, rows = _execute_own(query, args, what)
+    return decode(columns, rows, committed=True)
+
+
+def _execute_own(
+    query: str, args: list[Any], what: str, *, bound: bool = True
+) -> tuple[list[str], list[Any]]:
+    """Run ``query`` on pools' own connection (see :func:`_call_own`); its columns and rows.
+
+    ``bound=False``: no ``SET LOCAL`` before it when prepared statements are off (a
+    procedure's ``CALL``, see :func:`call_procedure`).
+    """
     import psycopg
 
     try:
@@ -332,12 +389,13 @@ def _call_own(query: str, args: list[Any], what: str) -> Reply:
         with conn.cursor() if prepared else psycopg.ClientCursor(conn) as cursor:
             if prepared:
                 cursor.execute(query, args, prepare=True)
-            else:
+            elif bound:
                 cursor.execute(f"{BOUND}{query}", [*bound_params(), *args], prepare=False)
                 while cursor.description is None and cursor.nextset():
                     pass  # past the SET results
-            columns = [c.name for c in cursor.description or ()]
-            return decode(columns, cursor.fetchall(), committed=True)
+            else:
+                cursor.execute(query, args, prepare=False)
+            return [c.name for c in cursor.description or ()], cursor.fetchall()
     except psycopg.IntegrityError as exc:
         raise IntegrityError(str(exc)) from exc
     except psycopg.ProgrammingError as exc:

@@ -9,15 +9,28 @@ working while a deploy migrates (docs/howto/upgrading.md, docs/howto/sql-changes
 
 from __future__ import annotations
 
-#: The version suffix of the functions this code calls (``_v7``).
-VERSION = 7
+#: The version suffix of the functions this code calls (``_v8``).
+VERSION = 8
 
 #: The functions, by their name without prefix and suffix.
-BASES = ("admit", "enqueue", "out", "settle", "start")
+BASES = (
+    "admit",
+    "enqueue",
+    "enqueue_call",
+    "enqueued",
+    "finish",
+    "line",
+    "out",
+    "recheck",
+    "settle",
+    "settle_call",
+    "settled",
+    "start",
+)
 
 
 def name(base: str) -> str:
-    """The SQL name of a stored function: ``name("admit") == "pools_admit_v7"``."""
+    """The SQL name of a stored function: ``name("admit") == "pools_admit_v8"``."""
     if base not in BASES:
         raise ValueError(f"no stored function {base!r}: one of {', '.join(BASES)}")
     return f"pools_{base}_v{VERSION}"

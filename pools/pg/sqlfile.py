@@ -19,7 +19,9 @@ from django.db import migrations
 #: Where the SQL files are.
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 
-_CREATED = re.compile(r"^CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)\s*\(", re.I | re.M)
+_CREATED = re.compile(
+    r"^CREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\s+(\w+)\s*\(", re.I | re.M
+)
 
 
 def read(path: str) -> str:
@@ -39,7 +41,7 @@ def deltas() -> list[str]:
 
 
 def created_functions(sql: str) -> list[str]:
-    """The names of the functions a SQL text creates, in order of appearance."""
+    """The names of the functions and procedures a SQL text creates, in order of appearance."""
     return list(dict.fromkeys(_CREATED.findall(sql)))
 
 
@@ -60,7 +62,7 @@ BEGIN
              WHERE p.pronamespace = current_schema()::regnamespace
                AND p.proname IN ({quoted})
     LOOP
-        EXECUTE 'DROP FUNCTION ' || f;
+        EXECUTE 'DROP ROUTINE ' || f;
     END LOOP;
 END $$;
 """

@@ -12,6 +12,22 @@ until its keeper's watchdog (frozen too) sees the fence time passed and interrup
 before, until the earlier of its last sign of life and ``valid_until`` (the end of its lease
 as its own process last renewed it): from then on its entry is back in line and the fencing
 token keeps its late writes out. The runner says which bodies were paused.
+
+Lost wake-ups (:func:`starved_heads`), from the database's own record of every transition
+(:func:`pools.core.events.stream`: the entries' times and the event log), not the bodies'.
+It counts the moments when a **due head** of a pool's line waited more than 100 ms while
+the slots it asks for were free: an entry in line (enqueued or requeued, not yet admitted;
+a delayed one from its ``not_before``), surely first in the line of every pool it asks for
+by ``(-priority, enqueued_at)``, and for each of them ``capacity - held >= `` its demand,
+where a slot is held from the entry's admission to its settle or requeue (a killed worker's
+entry holds its slots until the sweep requeues it: not a lost wake-up). An entry requeued
+carries only its last admission: before each earlier requeue its admission time is
+unknown, so from its previous enqueue or requeue it counts as holding its slots and as
+possibly (never surely) in line. The windows when the runner knew PostgreSQL was down
+(restarts, partitions) and :data:`DOWN_GRACE` seconds after are not counted, nor are
+entries of pools that were paused, backed off or had a rate during the run (their heads
+wait for the rate's window or the backoff's end, which this count does not model). See
+:mod:`tests.support.starvation` for the walk.
 """
 
 from __future__ import annotations
@@ -19,10 +35,15 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from tests.support import starvation
+
+#: After PostgreSQL is back, workers reconnect and the sweep runs: not counted either.
+DOWN_GRACE = 5.0
 
 
 @dataclass(frozen=True)
@@ -242,3 +263,112 @@ def readmission_allowance(kinds: Iterable[str], concurrency: int) -> int | None:
             return None
         total += per * (concurrency if kind == "sigkill" else 1)
     return total
+
+
+# ----------------------------------------------------------------------------- lost wake-ups
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One row of the database's stream of an entry (:func:`pools.core.events.stream`)."""
+
+    #: Seconds since the epoch.
+    at: float
+    #: An ``EventKind`` value: enqueued, admitted, started, settled, requeued, cancelled...
+    kind: str
+    entry: int
+    pool: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """What the stream does not carry about an entry: its place and when it was due."""
+
+    priority: int = 0
+    #: Seconds since the epoch, for an entry that was delayed.
+    not_before: float | None = None
+
+
+#: Kinds that end an entry's wait for good (logged rows).
+ENDS_WAITING = frozenset({"expired", "cancelled", "rejected", "superseded", "dropped"})
+
+
+def lines_and_holds(
+    stream: Iterable[Transition], waiters: Mapping[int, Waiter]
+) -> tuple[list[starvation.Stay], list[starvation.Hold]]:
+    """Each entry's stays in line and its holds of slots, from the stream (see the module doc)."""
+    by_entry: dict[int, list[Transition]] = defaultdict(list)
+    for t in stream:
+        by_entry[t.entry].append(t)
+    stays: list[starvation.Stay] = []
+    holds: list[starvation.Hold] = []
+    for entry, rows in by_entry.items():
+        s, h = _entry_life(entry, rows, waiters.get(entry, Waiter()))
+        stays += s
+        holds += h
+    return stays, holds
+
+
+def _entry_life(
+    entry: int, rows: Iterable[Transition], info: Waiter
+) -> tuple[list[starvation.Stay], list[starvation.Hold]]:
+    demand: dict[str, int] = {}
+    times: dict[str, float] = {}
+    requeues: set[float] = set()
+    for t in rows:
+        demand[t.pool] = t.slots
+        if t.kind == "requeued":
+            requeues.add(t.at)
+        else:
+            times[t.kind] = min(t.at, times.get(t.kind, t.at))
+    if "enqueued" not in times:
+        return [], []
+    # Its place in line: (-priority, when it joined it: enqueued, or due if delayed).
+    joins = max(times["enqueued"], info.not_before or times["enqueued"])
+    base = starvation.Stay(entry, demand, info.priority, joins, joins, joins, joins)
+    admitted = times.get("admitted")
+    stays: list[starvation.Stay] = []
+    holds: list[starvation.Hold] = []
+    since = joins
+    for requeued in sorted(requeues):
+        # (A requeue that admits it again in its own pass stamps both with one time.)
+        if admitted is not None and since <= admitted < requeued:
+            stays.append(replace(base, possibly_from=since, surely_from=since, until=admitted))
+            holds.append(starvation.Hold(demand, admitted, requeued))
+        else:  # admitted at an unknown time: held (and possibly in line) all along
+            unsure = replace(base, possibly_from=since, surely_from=starvation.FOREVER)
+            stays.append(replace(unsure, until=requeued))
+            holds.append(starvation.Hold(demand, since, requeued))
+        since = requeued
+    if admitted is not None and admitted >= since:
+        stays.append(replace(base, possibly_from=since, surely_from=since, until=admitted))
+        holds.append(starvation.Hold(demand, admitted, times.get("settled", starvation.FOREVER)))
+    else:
+        ended = min((times[k] for k in ENDS_WAITING if k in times), default=starvation.FOREVER)
+        stays.append(replace(base, possibly_from=since, surely_from=since, until=ended))
+    return stays, holds
+
+
+def starved_heads(
+    stream: Iterable[Transition],
+    waiters: Mapping[int, Waiter],
+    capacity: Mapping[str, int],
+    *,
+    down: Iterable[tuple[float, float]] = (),
+    uncounted_pools: Iterable[str] = (),
+) -> list[starvation.Episode]:
+    """Lost wake-ups: due heads that waited over 100 ms with their slots free.
+
+    ``down``: ``(from, to)`` windows when the database was down (:data:`DOWN_GRACE` is
+    added after each); ``uncounted_pools``: pools whose entries are not counted (paused,
+    backed off, rated).
+    """
+    stays, holds = lines_and_holds(stream, waiters)
+    excluded = [(a, b + DOWN_GRACE) for a, b in down]
+    skip = set(uncounted_pools)
+    return [
+        e
+        for e in starvation.starved_heads(stays, holds, capacity, excluded=excluded)
+        if not skip & set(e.demand)
+    ]

@@ -26,8 +26,10 @@ they are not in the default ``--kinds`` (opt in: ``--kinds db_partition,broker_p
 Then it waits for every entry to end, reads the bodies' own records
 (:mod:`tests.chaos.tasks`) and checks (:mod:`tests.chaos.check`): no pool ever had more
 bodies alive (start to last sign of life) than its capacity, no claim ran twice at once,
-every entry ended, every ``AsyncResult`` is final, and every typed-argument call returned
-exactly the values it was sent (types included). Results go to a filesystem result
+every entry ended, every ``AsyncResult`` is final, every typed-argument call returned
+exactly the values it was sent (types included), and no due head of a line waited over
+100 ms while its slots were free (a lost wake-up; by the database's record, outside the
+windows when a server was down: :func:`tests.chaos.check.starved_heads`). Results go to a filesystem result
 backend, which survives the broker restart. It prints one summary line and exits 1 on any
 violation. ``--seed`` reproduces the plan (times, kinds, task mix); the machine's timing
 still varies.
@@ -58,6 +60,7 @@ from pools.celery import processes
 from pools.celery.processes import Process
 from tests.chaos.check import Body
 from tests.support.blackhole import BlackholeProxy
+from tests.support.starvation import Episode
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The faults of a default run.
@@ -634,6 +637,55 @@ def recovery(
     return min(waited) - fault.started if waited else None
 
 
+#: Faults during which the runner knows a server was unreachable, and for how long after
+#: the fault's own end (a partition heals :data:`PARTITION_SECONDS` after it was cut).
+DOWN_FAULTS = {
+    "pg_restart": 0.0,
+    "redis_restart": 0.0,
+    "db_partition": PARTITION_SECONDS,
+    "broker_partition": PARTITION_SECONDS,
+}
+
+
+def down_windows(faults: Sequence[Fault]) -> list[tuple[float, float]]:
+    """``(from, to)`` wall times when PostgreSQL (or the broker, which carries the timed
+    wake-ups) was unreachable for the runner's own faults."""
+    return [(f.started, f.ended + DOWN_FAULTS[f.kind]) for f in faults if f.kind in DOWN_FAULTS]
+
+
+def lost_wake_ups(run: Run) -> list[Episode]:
+    """Heads that waited over 100 ms with their slots free, by the database's own record
+    of every transition (:func:`tests.chaos.check.starved_heads`)."""
+    from django.db import connection
+
+    from pools.core import events
+    from pools.models import Pool, PoolEvent, QueueEntry
+    from pools.states import EventKind
+    from tests.chaos.check import Transition, Waiter, starved_heads
+    from tests.chaos.tasks import POOLS
+
+    connection.close()  # a PostgreSQL restart may have broken this process's connection
+    entries = list(QueueEntry.objects.all())
+    logged = list(PoolEvent.objects.filter(entry_id__isnull=False).order_by("id"))
+    stream = [
+        Transition(e.at.timestamp(), e.kind, e.entry_id, e.pool, int(e.detail.get("slots", 0)))
+        for e in events.stream(entries, logged)
+        if e.entry_id is not None
+    ]
+    waiters = {
+        e.queue_id: Waiter(e.priority, e.not_before.timestamp() if e.not_before else None)
+        for e in entries
+    }
+    uncounted = {
+        *Pool.objects.filter(paused=True).values_list("name", flat=True),
+        *Pool.objects.exclude(rate="").values_list("name", flat=True),
+        *PoolEvent.objects.filter(kind=EventKind.BACKOFF).values_list("pool", flat=True),
+    }
+    return starved_heads(
+        stream, waiters, POOLS, down=down_windows(run.faults), uncounted_pools=uncounted
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__)
     parser.add_argument("--seed", type=int, default=1)
@@ -770,6 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     again_total = sum(len(e) for e in again.values())
     allowance = readmission_allowance((f.kind for f in run.faults), args.concurrency)
     too_many = allowance is not None and again_total > allowance
+    starved = lost_wake_ups(run)
     peaks = max_overlap(bodies)
     recoveries = [
         (r, f.kind) for f in run.faults if (r := recovery(f, bodies, run.submitted_at)) is not None
@@ -793,6 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{f' (faults explain {allowance})' if allowance is not None else ''}"
         f"{' ' + str({t: len(e) for t, e in sorted(again.items())}) if again else ''}; "
         f"slowest recovery {slowest[0]:.1f}s ({slowest[1]}); "
+        f"starved heads {len(starved)}; "
         f"restarted by the supervisor: {dict(run.restarted) or 'none'}; "
         + (
             f"resumed past the lease: {len(resumed)} bodies, stopped {max(resumed) * 1000:.0f} ms "
@@ -812,6 +866,8 @@ def main(argv: list[str] | None = None) -> int:
             f"explain at most {allowance}: admissions whose message was never published "
             f"({', '.join(f'{t} {len(e)}' for t, e in sorted(again.items()))})"
         )
+    for episode in starved[:10]:
+        print(f"VIOLATION: lost wake-up: {episode} (from t={episode.start:.3f})")
     for fault in run.faults:
         print(
             f"  fault {fault.kind:<13} at {fault.at:4.0%} done, took {fault.ended - fault.started:4.1f}s,"
@@ -830,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         bool(violations)
         or bool(mismatched)
         or too_many
+        or bool(starved)
         or lost > 0
         or bool(pending)
         or (args.strict_drain and bool(left))

@@ -30,6 +30,14 @@ so each recorded interval lies inside the real holding interval: if the recorded
 intervals ever overlap beyond capacity, the real ones did too. :func:`sweep` walks the
 ordered events and returns the maximum slots held at once per pool. A second sweep over
 ``time.monotonic_ns()`` (one system-wide clock for all processes) cross-checks it.
+
+Lost wake-ups: each ``submit`` (written once enqueue returned) carries the entry's priority
+and the clock before the enqueue call, so the order of a pool's line is known up to that
+bracket; ``settled`` is written once settle returned (its admission passes included).
+:func:`starved_heads` counts the heads of a line that waited over 100 ms while, by the
+recorder, the slots they ask for were free (held from ``admit``/``start`` to ``settled``):
+see :mod:`tests.support.starvation`. The children do not sleep between a settle and
+the next admission of its slots, so each such wait is a wake-up no pass took.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.support import starvation
 
 #: Close of an interval that never ended.
 OPEN_END = 2**63
@@ -102,7 +112,7 @@ class Recorder:
             con.execute(
                 f"CREATE TABLE {PG_TABLE} (seq bigserial PRIMARY KEY, kind text NOT NULL, "
                 "entry bigint, token bigint, demand text NOT NULL, proc int NOT NULL, "
-                "mono bigint NOT NULL)"
+                "mono bigint NOT NULL, priority int, began bigint)"
             )
             return rec
         if vendor == "mysql":
@@ -124,7 +134,7 @@ class Recorder:
             cur.execute(
                 f"CREATE TABLE {PG_TABLE} (seq bigint AUTO_INCREMENT PRIMARY KEY, "
                 "kind varchar(40) NOT NULL, entry bigint, token bigint, demand text NOT NULL, "
-                "proc int NOT NULL, mono bigint NOT NULL) ENGINE=InnoDB"
+                "proc int NOT NULL, mono bigint NOT NULL, priority int, began bigint) ENGINE=InnoDB"
             )
             return rec
         path = os.path.join(
@@ -137,7 +147,7 @@ class Recorder:
         rec._sqlite_con().execute(
             "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, "
             "entry INTEGER, token INTEGER, demand TEXT NOT NULL, proc INTEGER NOT NULL, "
-            "mono INTEGER NOT NULL)"
+            "mono INTEGER NOT NULL, priority INTEGER, began INTEGER)"
         )
         return rec
 
@@ -192,26 +202,36 @@ class Recorder:
 
     # -- writing (children) -----------------------------------------------------------
     def record(
-        self, kind: str, entry: int | None, token: int | None, demand: dict[str, int]
+        self,
+        kind: str,
+        entry: int | None,
+        token: int | None,
+        demand: dict[str, int],
+        *,
+        priority: int | None = None,
+        began: int | None = None,
     ) -> None:
-        """Append one event; its sequence number is taken when the row is written."""
+        """Append one event; its sequence number is taken when the row is written.
+
+        ``priority`` and ``began`` (the clock before the call, ``time.monotonic_ns()``) are
+        given with ``submit`` events: what :func:`stays` needs to know the line's order.
+        """
         row = (kind, entry, token, json.dumps(demand, sort_keys=True), os.getpid())
+        cols = "(kind, entry, token, demand, proc, mono, priority, began)"
         if self.spec["kind"] == "pg":
             self._pg_con().execute(
-                f"INSERT INTO {self.spec['table']} (kind, entry, token, demand, proc, mono) "
-                "VALUES (%s, %s, %s, %s, %s, %s)",
-                [*row, time.monotonic_ns()],
+                f"INSERT INTO {self.spec['table']} {cols} VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                [*row, time.monotonic_ns(), priority, began],
             )
         elif self.spec["kind"] == "mysql":
             self._mysql_con().cursor().execute(
-                f"INSERT INTO {self.spec['table']} (kind, entry, token, demand, proc, mono) "
-                "VALUES (%s, %s, %s, %s, %s, %s)",
-                [*row, time.monotonic_ns()],
+                f"INSERT INTO {self.spec['table']} {cols} VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                [*row, time.monotonic_ns(), priority, began],
             )
         else:
             self._sqlite_con().execute(
-                "INSERT INTO log (kind, entry, token, demand, proc, mono) VALUES (?, ?, ?, ?, ?, ?)",
-                (*row, time.monotonic_ns()),
+                f"INSERT INTO log {cols} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (*row, time.monotonic_ns(), priority, began),
             )
 
     def close(self) -> None:
@@ -224,7 +244,10 @@ class Recorder:
     # -- reading (parent) ----------------------------------------------------------------
     def events(self) -> list[Event]:
         """Every event, in the recorder's global order."""
-        sql = "SELECT seq, kind, entry, token, demand, proc, mono FROM {} ORDER BY seq"
+        sql = (
+            "SELECT seq, kind, entry, token, demand, proc, mono, priority, began FROM {} "
+            "ORDER BY seq"
+        )
         if self.spec["kind"] == "pg":
             rows = self._pg_con().execute(sql.format(self.spec["table"])).fetchall()
         elif self.spec["kind"] == "mysql":
@@ -242,6 +265,8 @@ class Recorder:
                 demand=json.loads(r[4]),
                 proc=r[5],
                 mono=r[6],
+                priority=r[7],
+                began=r[8],
             )
             for r in rows
         ]
@@ -252,16 +277,25 @@ class Event:
     """One recorded event."""
 
     seq: int
-    kind: str  # "admit" (published by the bridge), "start", "end"
+    #: "submit" (after enqueue returned), "admit" (published by the bridge), "start",
+    #: "end" (before settle), "settled" (after settle returned), "wake" (a wake-up asked for).
+    kind: str
     entry: int | None
     token: int | None
     demand: dict[str, int]
     proc: int
     mono: int
+    #: ``submit`` only: the entry's priority, and the clock just before enqueue was called.
+    priority: int | None = None
+    began: int | None = None
 
 
 def intervals(
-    events: Iterable[Event], *, key: str = "seq", opening: Sequence[str] = ("admit", "start")
+    events: Iterable[Event],
+    *,
+    key: str = "seq",
+    opening: Sequence[str] = ("admit", "start"),
+    closing: str = "end",
 ) -> list[tuple[int, int, dict[str, int]]]:
     """``(open, close, demand)`` per entry that was opened.
 
@@ -272,7 +306,7 @@ def intervals(
     ``settle`` is called. So each interval lies inside the entry's real holding interval
     (admission commit .. settle commit). ``admit`` alone may come late (another process
     can start and end the entry before the admitting process writes it): the earliest
-    opening event is used.
+    opening event is used. ``closing="settled"`` closes at the settle's return instead.
     """
     opens: dict[int, int] = {}
     closes: dict[int, int] = {}
@@ -285,7 +319,7 @@ def intervals(
             opens[e.entry] = min(at, opens.get(e.entry, at))
         if e.kind in {"start", "end"}:
             demand[e.entry] = e.demand
-        if e.kind == "end":
+        if e.kind == closing:
             closes[e.entry] = at
     return [(at, closes.get(i, OPEN_END), demand[i]) for i, at in opens.items() if i in demand]
 
@@ -312,6 +346,68 @@ def sweep(
     return dict(peak)
 
 
+def _seconds(ns: int) -> float:
+    return ns / 1e9
+
+
+def stays(events: Iterable[Event]) -> list[starvation.Stay]:
+    """Each submitted entry's stay in line, on the clock (seconds).
+
+    Its place (``enqueued_at``) was taken inside the enqueue call: between ``began`` and the
+    ``submit`` event. It may be in line from ``began``, is surely in line from ``submit``, and
+    leaves the line at its first ``admit`` or ``start`` (the earliest record of its admission).
+    """
+    submits: dict[int, Event] = {}
+    admitted: dict[int, int] = {}
+    for e in events:
+        if e.entry is None:
+            continue
+        if e.kind == "submit":
+            submits[e.entry] = e
+        elif e.kind in {"admit", "start"}:
+            admitted[e.entry] = min(e.mono, admitted.get(e.entry, e.mono))
+    out = []
+    for entry, s in submits.items():
+        began = s.mono if s.began is None else s.began
+        left = admitted.get(entry)
+        out.append(
+            starvation.Stay(
+                entry=entry,
+                demand=s.demand,
+                priority=s.priority or 0,
+                enqueued_lo=_seconds(began),
+                enqueued_hi=_seconds(s.mono),
+                possibly_from=_seconds(began),
+                surely_from=_seconds(s.mono),
+                until=starvation.FOREVER if left is None else _seconds(left),
+            )
+        )
+    return out
+
+
+def holds(events: Iterable[Event]) -> list[starvation.Hold]:
+    """Slots held, on the clock (seconds): from the first ``admit``/``start`` of an entry to
+    its ``settled`` (written once settle has returned, so after its admission pass; never
+    freed if it has none). Unlike :func:`intervals` (which proves no oversubscription, so
+    closes at ``end``), a slot counts as held until the database surely freed it.
+    """
+    return [
+        starvation.Hold(
+            demand, _seconds(opened), starvation.FOREVER if closed == OPEN_END else _seconds(closed)
+        )
+        for opened, closed, demand in intervals(events, key="mono", closing="settled")
+    ]
+
+
+def starved_heads(events: Sequence[Event], capacity: dict[str, int]) -> list[starvation.Episode]:
+    """Lost wake-ups: heads that waited over :data:`starvation.THRESHOLD` with free slots.
+
+    See :mod:`tests.support.starvation` for what is counted and why no record written late
+    (a process descheduled between a commit and its record aside) counts as one.
+    """
+    return starvation.starved_heads(stays(events), holds(events), capacity)
+
+
 # --------------------------------------------------------------------------- the bridge
 
 
@@ -329,6 +425,11 @@ class _RecorderBridge:
         assert self.recorder is not None
         for f in finished:
             self.recorder.record(f"finished:{f.state}", f.entry_id, None, {})
+
+    def wake_at(self, pools: Sequence[str], when: Any) -> None:
+        """A pass asked for later (a failed follow-up): recorded, never run (no timer here)."""
+        assert self.recorder is not None
+        self.recorder.record("wake", None, None, dict.fromkeys(pools, 0))
 
 
 #: Dotted path ``tests.support.contention.publisher``.
@@ -359,6 +460,9 @@ class ChildConfig:
     fast_path: bool = True
     #: Self-test of the checker only: the ORM path's admission ignores held slots here.
     sabotage: bool = False
+    #: Self-test of the lost wake-up count only: settle frees the slots without an admission
+    #: pass, and child 0 runs a pass over the pools every :data:`SWEEP_SECONDS` instead.
+    lose_wakeups: bool = False
 
 
 def _setup_django(cfg: ChildConfig) -> None:
@@ -474,6 +578,7 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
 
     if cfg.sabotage:
         admission_pass.held_by_pool = lambda pools: {}
+    settle = _settle_without_admission if cfg.lose_wakeups else admission.settle
     stats.fast_path = fastpath.enabled()
     rec = Recorder(cfg.recorder)
     publisher.recorder = rec
@@ -487,7 +592,7 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
 
     deadline = time.monotonic() + cfg.run_seconds
     left = cfg.submit
-    last_progress = next_check = time.monotonic()
+    last_progress = next_check = next_sweep = time.monotonic()
     last_done = -1
     backoff = 0.001
     while True:
@@ -502,7 +607,9 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
             sub = Submission(
                 key=f"conc-{cfg.index}-{left}", task_name="tests.support.contention", spec=spec
             )
+            began = time.monotonic_ns()
             res = _retrying(stats, "enqueue", admission.enqueue, sub)
+            rec.record("submit", res.entry_id, None, demand, priority=spec.priority, began=began)
             stats.submitted += 1
             stats.admitted_on_enqueue += int(res.admitted)
             left -= 1
@@ -526,8 +633,9 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
                 rec.record("start", queue_id, token, demand)
                 time.sleep(rng.uniform(0, cfg.max_hold))
                 rec.record("end", queue_id, token, demand)
-            if not _retrying(stats, "settle", admission.settle, queue_id, token, "succeeded"):
+            if not _retrying(stats, "settle", settle, queue_id, token, "succeeded"):
                 raise AssertionError(f"settle({queue_id}, {token}) refused a fresh claim")
+            rec.record("settled", queue_id, token, demand)
             stats.settled += 1
             worked = True
             break
@@ -535,6 +643,9 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
             backoff = 0.001
             continue
         now = time.monotonic()
+        if cfg.lose_wakeups and cfg.index == 0 and now >= next_sweep:
+            next_sweep = now + SWEEP_SECONDS
+            _retrying(stats, "sweep", admission.admit, cfg.pools)
         if now >= next_check:
             next_check = now + 0.05
             with _Timer(stats, "poll"):
@@ -552,6 +663,27 @@ def _child_loop(cfg: ChildConfig, barrier: Any, stats: ChildStats) -> None:
         with _Timer(stats, "idle"):  # nothing claimed: back off instead of spinning
             time.sleep(rng.uniform(backoff / 2, backoff))
         backoff = min(backoff * 2, 0.032)
+
+
+#: How often child 0 runs an admission pass when settles lose their wake-ups (a sweep).
+SWEEP_SECONDS = 0.5
+
+
+def _settle_without_admission(entry_id: int, token: int, outcome: str) -> bool:
+    """A settle that frees the slots but runs no admission pass: every wake-up is lost.
+
+    The ORM settle (on either path: both keep the same rows) with its admission pass and
+    follow-up pass replaced by nothing; the self-test of :func:`starved_heads`.
+    """
+    from unittest import mock
+
+    from pools.core import settling
+
+    with (
+        mock.patch.object(settling, "admit_in", lambda *args, **kwargs: set()),
+        mock.patch.object(settling, "follow_up", lambda needs: []),
+    ):
+        return settling.settle_with_locks(entry_id, token, outcome)
 
 
 def _states() -> str:
@@ -632,6 +764,11 @@ class Result:
         """Peak slots of started (running) entries per pool: start .. end only."""
         return sweep(self.events, key="seq", opening=("start",))
 
+    @property
+    def starved(self) -> list[starvation.Episode]:
+        """Lost wake-ups: heads that waited over 100 ms while their slots were free."""
+        return starved_heads(self.events, self.capacity)
+
     def count(self, kind: str) -> Counter[int | None]:
         """How many events of ``kind`` each entry has."""
         return Counter(e.entry for e in self.events if e.kind == kind)
@@ -664,7 +801,7 @@ class Result:
             f"{self.entries} entries, {self.processes} processes, "
             f"capacity {self.capacity}: {self.elapsed:.2f}s ({rate:.0f} entries/s); "
             f"peak held {self.max_held} (clock: {self.max_held_by_clock}, "
-            f"running: {self.max_running}); "
+            f"running: {self.max_running}); starved heads {len(self.starved)}; "
             f"admitted on enqueue {sum(c.admitted_on_enqueue for c in self.children)}, "
             f"lost claims {sum(c.lost_claims for c in self.children)}, "
             f"polls {sum(c.polls for c in self.children)}, "
@@ -682,6 +819,7 @@ def run(
     stall_seconds: float = 20.0,
     seed: int = 1,
     sabotage: bool = False,
+    lose_wakeups: bool = False,
     fast_path: bool | None = None,
 ) -> Result:
     """Run the contention scenario against the current default database.
@@ -695,7 +833,9 @@ def run(
     that it ignores held slots: the ORM pass in the children, or on the fast path the
     stored admit function (a sabotaged copy installed in the test database
     for the run). A self-test showing that the recorder and :func:`sweep` do catch
-    oversubscription on that path.
+    oversubscription on that path. ``lose_wakeups=True``: settles free the slots without
+    an admission pass, and one child sweeps every :data:`SWEEP_SECONDS` (a self-test
+    showing that :func:`starved_heads` catches lost wake-ups).
     """
     from django.conf import settings
     from django.db import connection
@@ -745,6 +885,7 @@ def run(
                 stall_seconds=stall_seconds,
                 run_seconds=max(1.0, timeout - 10),
                 sabotage=sabotage and not fast_path,
+                lose_wakeups=lose_wakeups,
                 fast_path=fast_path,
             )
             p = ctx.Process(target=child_main, args=(cfg, barrier, out), name=f"contention-{i}")

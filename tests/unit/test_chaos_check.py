@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from tests.chaos.check import Body, check, max_overlap, read_bodies
+from tests.chaos.check import (
+    Body,
+    Transition,
+    Waiter,
+    check,
+    max_overlap,
+    read_bodies,
+    starved_heads,
+)
 
 
 def body(entry: int, start: float, end: float | None, valid_until: float, *, token: int = 1,
@@ -191,3 +200,115 @@ def test_readmission_allowance__bounded_by_process_faults_none_with_restarts() -
     assert readmission_allowance(["sigkill", "sigstop", "cancel_burst"], concurrency=2) == 8
     assert readmission_allowance([], concurrency=3) == 0
     assert readmission_allowance(["sigkill", "redis_restart"], concurrency=3) is None
+
+
+# ----------------------------------------------------------------------------- lost wake-ups
+
+
+def life(entry: int, demand: dict[str, int], **times: float | list[float]) -> list[Transition]:
+    """The database's stream of one entry: ``enqueued=0.5, admitted=1.2, settled=2``, and
+    ``requeued=[...]`` for the logged requeues."""
+    out = []
+    for kind, at in times.items():
+        for t in at if isinstance(at, list) else [at]:
+            out += [Transition(t, kind, entry, pool, slots) for pool, slots in demand.items()]
+    return out
+
+
+def starved(stream: list[Transition], capacity: dict[str, int], **kwargs: Any) -> list[str]:
+    waiters = kwargs.pop("waiters", {})
+    return [str(e) for e in starved_heads(stream, waiters, capacity, **kwargs)]
+
+
+def test_starved_heads__a_head_waiting_150_ms_with_its_slot_free_is_counted() -> None:
+    stream = [
+        *life(1, {"p": 1}, enqueued=0, admitted=0, settled=1.0),
+        *life(2, {"p": 1}, enqueued=0.5, admitted=1.15, settled=2),
+    ]
+    assert starved(stream, {"p": 1}) == ["entry 2 (p 1) head with free slots for 150 ms"]
+
+
+def test_starved_heads__a_wait_under_100_ms_is_not_counted() -> None:
+    stream = [
+        *life(1, {"p": 1}, enqueued=0, admitted=0, settled=1.0),
+        *life(2, {"p": 1}, enqueued=0.5, admitted=1.08, settled=2),
+    ]
+    assert starved(stream, {"p": 1}) == []
+
+
+def test_starved_heads__a_head_without_enough_free_slots_is_not_counted() -> None:
+    stream = [
+        *life(1, {"p": 1}, enqueued=0, admitted=0, settled=5),
+        *life(2, {"p": 2}, enqueued=0.5, admitted=5, settled=6),
+    ]
+    assert starved(stream, {"p": 2}) == []
+
+
+def test_starved_heads__an_entry_behind_a_head_that_does_not_fit_is_not_counted() -> None:
+    stream = [
+        *life(1, {"p": 1}, enqueued=0, admitted=0, settled=5),
+        *life(2, {"p": 2}, enqueued=0.5, admitted=5, settled=6),  # the head: waits for both
+        *life(3, {"p": 1}, enqueued=0.6, admitted=6, settled=7),  # one slot free, not the head
+    ]
+    assert starved(stream, {"p": 2}) == []
+    # Ahead by priority, entry 3 is the head: it waits 4.4 s with a slot free.
+    waiters = {3: Waiter(priority=5)}
+    assert starved(stream, {"p": 2}, waiters=waiters) == [
+        "entry 3 (p 1) head with free slots for 4400 ms"
+    ]
+
+
+def test_starved_heads__a_killed_workers_slot_is_held_until_the_requeue() -> None:
+    # Entry 1's worker was killed: its claim lapsed and the sweep requeued it at 4.0 (its
+    # first admission time is not in the stream); admitted again at 4.0, settled at 4.5.
+    stream = [
+        *life(1, {"p": 1}, enqueued=0, requeued=[4.0], admitted=4.0, settled=4.5),
+        *life(2, {"p": 1}, enqueued=0.5, admitted=4.5, settled=5),
+    ]
+    assert starved(stream, {"p": 1}) == []
+    # The same, requeued twice: held all along too.
+    stream = [
+        *life(1, {"p": 1}, enqueued=0, requeued=[2.0, 4.0], admitted=4.0, settled=4.5),
+        *life(2, {"p": 1}, enqueued=0.5, admitted=4.5, settled=5),
+    ]
+    assert starved(stream, {"p": 1}) == []
+    # Back in line at 4.0 but admitted again only at 4.3 while its slot was free: counted.
+    stream = [*life(1, {"p": 1}, enqueued=0, requeued=[4.0], admitted=4.3, settled=4.5)]
+    assert starved(stream, {"p": 1}) == ["entry 1 (p 1) head with free slots for 300 ms"]
+
+
+def test_starved_heads__not_while_the_database_was_down_and_shortly_after() -> None:
+    stream = [
+        *life(1, {"p": 1}, enqueued=0, admitted=0, settled=1.0),
+        *life(2, {"p": 1}, enqueued=0.5, admitted=3.0, settled=4),
+    ]
+    assert starved(stream, {"p": 1}, down=[(0.9, 1.0)]) == []  # within the grace after it
+    assert starved(stream, {"p": 1}, down=[(10, 11)]) == [
+        "entry 2 (p 1) head with free slots for 2000 ms"
+    ]
+
+
+def test_starved_heads__a_delayed_entry_counts_once_it_is_due() -> None:
+    stream = [*life(1, {"p": 1}, enqueued=0, admitted=2.05, settled=3)]
+    assert starved(stream, {"p": 1}, waiters={1: Waiter(not_before=2.0)}) == []
+    stream = [*life(1, {"p": 1}, enqueued=0, admitted=2.5, settled=3)]
+    assert starved(stream, {"p": 1}, waiters={1: Waiter(not_before=2.0)}) == [
+        "entry 1 (p 1) head with free slots for 500 ms"
+    ]
+
+
+def test_starved_heads__entries_of_uncounted_pools_are_left_out() -> None:
+    stream = [*life(1, {"p": 1, "q": 1}, enqueued=0, admitted=2.5, settled=3)]
+    assert starved(stream, {"p": 1, "q": 1}) == [
+        "entry 1 (p 1, q 1) head with free slots for 2500 ms"
+    ]
+    assert starved(stream, {"p": 1, "q": 1}, uncounted_pools=["q"]) == []
+
+
+def test_starved_heads__a_multi_pool_entry_must_head_every_line() -> None:
+    stream = [
+        *life(1, {"q": 1}, enqueued=0, admitted=0, settled=5),
+        *life(2, {"q": 2}, enqueued=0.1, admitted=5, settled=6),  # heads q, does not fit
+        *life(3, {"p": 1, "q": 1}, enqueued=0.2, admitted=6, settled=7),  # heads p only
+    ]
+    assert starved(stream, {"p": 1, "q": 2}) == []

@@ -2,12 +2,12 @@
 --
 -- This file holds the current stored functions. The initial migration runs it on a new
 -- database; from 0.1.0 on, a change is also written as a delta (deltas/README.md and
--- docs/howto/sql-changes.md). The version suffix of the names (_v7) is VERSION in
+-- docs/howto/sql-changes.md). The version suffix of the names (_v8) is VERSION in
 -- pools/pg/functions.py; Python code calls the functions through functions.name().
 --
 -- The contract both paths implement is docs/concepts/contract.md. These functions are
 -- the same rules as the Python implementation in pools/core/admission.py, in one round
--- trip: lock the pools named by an entry in name order (SELECT ... FOR UPDATE), change the
+-- trip: lock the pools named by an entry in name order (SELECT ... FOR NO KEY UPDATE), change the
 -- entry, and admit the heads of those pools that fit. Anything the fast path does not
 -- decide itself is reported as a 'fallback' row: the caller then runs the full Python
 -- admission pass over those pools.
@@ -65,7 +65,7 @@
 --   wake      o_pool, o_at (when its next delayed entry is due, or its rate window opens;
 --             a pool may have both: the caller takes the earlier)
 --   event     o_event, o_event_kind, o_at, o_pool, o_entry, o_key, o_token, o_detail
-CREATE OR REPLACE FUNCTION pools_out_v7(
+CREATE OR REPLACE FUNCTION pools_out_v8(
     kind text, entry bigint DEFAULT NULL, key text DEFAULT NULL, token bigint DEFAULT NULL,
     pool text DEFAULT NULL, task text DEFAULT NULL, args jsonb DEFAULT NULL,
     kwargs jsonb DEFAULT NULL, options jsonb DEFAULT NULL, demand jsonb DEFAULT NULL,
@@ -84,7 +84,7 @@ $$;
 -- Admit simple heads of the (already locked) pools p_pools; returns one 'admitted' row
 -- per admission, one 'fallback' row per pool whose head needs the full pass, one 'wake'
 -- row per pool with a delayed entry due later, and (p_events) the events written.
-CREATE OR REPLACE FUNCTION pools_admit_v7(
+CREATE OR REPLACE FUNCTION pools_admit_v8(
     p_pools bigint[], p_now timestamptz, p_lease double precision, p_events boolean)
 RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
               o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
@@ -110,16 +110,26 @@ DECLARE
     v_windows interval[];
     v_mark timestamptz;
     v_opens timestamptz;
+    v_owed bigint;
 BEGIN
     FOR r IN SELECT p.id, p.name, p.slots, p.held, p.admissions, p.paused, p.next_due_at,
                     p.pending_slots, p.strategy, p.fair_round, p.spend_cap, p.rate
                FROM pools_pool p
              WHERE p.id = ANY(p_pools) ORDER BY p.name LOOP
+        -- Work owed by calls that found this pool locked (pools_owedrelease): releases of
+        -- settles, which the lock holder subtracts from held first, and admission passes
+        -- (0 slots) of entries put in line, which this pass is.
+        WITH o AS (DELETE FROM pools_owedrelease o WHERE o.pool_id = r.id RETURNING o.slots)
+        SELECT COALESCE(sum(o.slots), 0) INTO v_owed FROM o;
+        IF v_owed > 0 THEN
+            UPDATE pools_pool p SET held = p.held - v_owed WHERE p.id = r.id;
+            r.held := r.held - v_owed;
+        END IF;
         IF r.spend_cap IS NOT NULL THEN
             -- A daily spend cap (pools_pool.spend_cap, migration 0016), paused or not: the
             -- Python pass adds a settled attempt's slot-seconds, then decides with the
             -- day's spend (pools/core/spendcap.py).
-            RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+            RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
             CONTINUE;
         END IF;
         v_next := r.next_due_at;
@@ -128,7 +138,7 @@ BEGIN
         IF r.next_due_at IS NOT NULL AND r.next_due_at <= p_now THEN
             IF r.strategy = 'fair' THEN
                 -- Due entries of a fair pool get their rounds on the Python pass.
-                RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
                 CONTINUE;
             END IF;
             UPDATE pools_demand d SET state = 'waiting'
@@ -144,7 +154,7 @@ BEGIN
                           AND d2.enqueued_at <= p_now)
             THEN
                 -- Multi-pool (or very many) due entries: the full pass moves them.
-                RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
                 CONTINUE;
             END IF;
             UPDATE pools_pool p SET next_due_at = (
@@ -154,12 +164,12 @@ BEGIN
             RETURNING p.next_due_at INTO v_next;
         END IF;
         IF v_next IS NOT NULL THEN
-            RETURN QUERY SELECT * FROM pools_out_v7('wake', pool => r.name::text, at => v_next);
+            RETURN QUERY SELECT * FROM pools_out_v8('wake', pool => r.name::text, at => v_next);
         END IF;
         CONTINUE WHEN r.paused;
         IF r.pending_slots IS NOT NULL THEN
             -- Draining after a capacity change: the Python pass decides (and ends the drain).
-            RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+            RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
             CONTINUE;
         END IF;
         -- Slots held in this pool (sabotage marker for tests/contention.py: keep this line).
@@ -195,7 +205,7 @@ BEGIN
                OR (SELECT count(*) FROM jsonb_object_keys(h.demand)) > 1
                OR h.pinned_worker <> ''
                OR (h.concurrency_policy = 'forbid' AND h.job <> '') THEN
-                RETURN QUERY SELECT * FROM pools_out_v7('fallback', pool => r.name::text);
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
                 EXIT;
             END IF;
             EXIT WHEN h.slots > v_free;  -- the head waits for all its slots: no backfill
@@ -212,7 +222,7 @@ BEGIN
                 END LOOP;
                 IF v_opens IS NOT NULL THEN
                     -- Held back by a rate: the head blocks its line until the window opens.
-                    RETURN QUERY SELECT * FROM pools_out_v7(
+                    RETURN QUERY SELECT * FROM pools_out_v8(
                         'wake', pool => r.name::text, at => v_opens + v_offset);
                     EXIT;
                 END IF;
@@ -232,11 +242,11 @@ BEGIN
                 RAISE EXCEPTION 'pools: admission raced on entry % (lock order broken)', h.entry_id;
             END IF;
             UPDATE pools_demand SET state = 'admitted' WHERE entry_id = h.entry_id;
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'admitted', entry => a.queue_id, key => a.key, token => a.token,
                 pool => r.name::text, task => a.task, args => a.args, kwargs => a.kwargs,
                 options => a.options);
-            RETURN QUERY SELECT * FROM pools_out_v7(
+            RETURN QUERY SELECT * FROM pools_out_v8(
                 'event', entry => a.queue_id, key => a.key, token => a.token,
                 pool => r.name::text, at => p_now, event_kind => 'admitted',
                 detail => jsonb_build_object('slots', h.slots))
@@ -257,11 +267,58 @@ BEGIN
 END
 $$;
 
--- Settle a held attempt (compare-and-set on its token) and admit the next entries.
+-- End a held attempt (compare-and-set on its token): the entry and its line rows take
+-- the outcome's state. Returns the entry's key, the state it ended in and its job, or no
+-- row when the token is stale, the entry settled already, or (p_live) its lease has
+-- lapsed. The terminate mark (reason 'terminating') is read in the UPDATE: cancel writes
+-- it to the entry row, whose row lock orders the two.
+CREATE OR REPLACE FUNCTION pools_finish_v8(
+    p_entry bigint, p_token bigint, p_outcome text, p_reason text, p_live boolean,
+    p_now timestamptz)
+RETURNS TABLE(o_key text, o_state text, o_job text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- cancel(terminate=True) marked it: the attempt ends as a cancellation.
+    UPDATE pools_queueentry e
+       SET state = CASE WHEN e.reason = 'terminating' THEN 'cancelled' ELSE p_outcome END,
+           reason = CASE WHEN e.reason = 'terminating' THEN 'revoked' ELSE p_reason END,
+           finished_at = p_now, lease_expires_at = NULL
+     WHERE e.queue_id = p_entry AND e.token = p_token AND e.state IN ('admitted', 'running')
+       AND (NOT p_live OR e.lease_expires_at >= p_now)
+    RETURNING e.key::text, e.state::text, e.job::text INTO o_key, o_state, o_job;
+    IF FOUND THEN
+        UPDATE pools_demand SET state = o_state WHERE entry_id = p_entry;
+        RETURN NEXT;
+    END IF;
+END
+$$;
+
+-- The 'settled' row of an entry and (p_events) its events.
+CREATE OR REPLACE FUNCTION pools_settled_v8(
+    p_entry bigint, p_token bigint, p_key text, p_demand jsonb, p_state text, p_job text,
+    p_now timestamptz, p_events boolean)
+RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
+              o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
+              o_state text, o_reason text, o_asked bigint, o_limit bigint, o_at timestamptz,
+              o_event bigint, o_event_kind text, o_detail jsonb)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pools_out_v8(
+        'settled', entry => p_entry, key => p_key, token => p_token, demand => p_demand,
+        state => p_state,
+        detail => CASE WHEN p_job <> '' THEN jsonb_build_object('job', p_job) END);
+    RETURN QUERY SELECT o.* FROM jsonb_each(p_demand) d, pools_out_v8(
+        'event', entry => p_entry, key => p_key, token => p_token, pool => d.key,
+        at => p_now, event_kind => 'settled',
+        detail => jsonb_build_object('slots', d.value::int, 'outcome', p_state)) o
+      WHERE p_events;
+END
+$$;
+
+-- Settle a held attempt (pools_finish_v8) and admit the next entries.
 -- Returns nothing when the token is stale, the entry settled already, or (p_live)
--- its lease has lapsed; otherwise one 'settled' row, its events, then pools_admit_v7's rows.
--- The terminate mark (reason 'terminating') is read under the pool locks, in the UPDATE.
-CREATE OR REPLACE FUNCTION pools_settle_v7(
+-- its lease has lapsed; otherwise one 'settled' row, its events, then pools_admit_v8's rows.
+CREATE OR REPLACE FUNCTION pools_settle_v8(
     p_entry bigint, p_token bigint, p_outcome text, p_reason text, p_live boolean,
     p_now timestamptz, p_lease double precision, p_events boolean, p_lock_ms integer)
 RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
@@ -272,9 +329,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_demand jsonb;
     v_pools bigint[];
-    v_key text;
-    v_state text;
-    v_job text;
+    f record;
 BEGIN
     PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
     SELECT e.demand INTO v_demand FROM pools_queueentry e WHERE e.queue_id = p_entry;
@@ -284,38 +339,23 @@ BEGIN
     SELECT array_agg(l.id) INTO v_pools FROM (
         SELECT p.id FROM pools_pool p
          WHERE p.name IN (SELECT jsonb_object_keys(v_demand))
-         ORDER BY p.name FOR UPDATE) l;
-    -- cancel(terminate=True) marked it: the attempt ends as a cancellation.
-    UPDATE pools_queueentry e
-       SET state = CASE WHEN e.reason = 'terminating' THEN 'cancelled' ELSE p_outcome END,
-           reason = CASE WHEN e.reason = 'terminating' THEN 'revoked' ELSE p_reason END,
-           finished_at = p_now, lease_expires_at = NULL
-     WHERE e.queue_id = p_entry AND e.token = p_token AND e.state IN ('admitted', 'running')
-       AND (NOT p_live OR e.lease_expires_at >= p_now)
-    RETURNING e.key::text, e.state, e.job::text INTO v_key, v_state, v_job;
+         ORDER BY p.name FOR NO KEY UPDATE) l;
+    SELECT * INTO f FROM pools_finish_v8(p_entry, p_token, p_outcome, p_reason, p_live, p_now);
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    UPDATE pools_demand SET state = v_state WHERE entry_id = p_entry;
     UPDATE pools_pool p SET held = p.held - (v_demand ->> p.name)::int
      WHERE p.id = ANY(v_pools);
-    RETURN QUERY SELECT * FROM pools_out_v7(
-        'settled', entry => p_entry, key => v_key, token => p_token, demand => v_demand,
-        state => v_state,
-        detail => CASE WHEN v_job <> '' THEN jsonb_build_object('job', v_job) END);
-    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v7(
-        'event', entry => p_entry, key => v_key, token => p_token, pool => d.key,
-        at => p_now, event_kind => 'settled',
-        detail => jsonb_build_object('slots', d.value::int, 'outcome', v_state)) o
-      WHERE p_events;
-    RETURN QUERY SELECT * FROM pools_admit_v7(v_pools, p_now, p_lease, p_events);
+    RETURN QUERY SELECT * FROM pools_settled_v8(
+        p_entry, p_token, f.o_key, v_demand, f.o_state, f.o_job, p_now, p_events);
+    RETURN QUERY SELECT * FROM pools_admit_v8(v_pools, p_now, p_lease, p_events);
 END
 $$;
 
 -- Start an admitted entry (admitted -> running, compare-and-set on its token) and log it.
 -- Returns one 'started' row (the entry's demand and lease end) and its events, or nothing
 -- when the token is stale or the entry is pinned to another worker (node affinity). All times come from the caller's clock (p_now).
-CREATE OR REPLACE FUNCTION pools_start_v7(
+CREATE OR REPLACE FUNCTION pools_start_v8(
     p_entry bigint, p_token bigint, p_worker text, p_now timestamptz, p_lease double precision,
     p_events boolean, p_lock_ms integer)
 RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
@@ -344,10 +384,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM pools_out_v7(
+    RETURN QUERY SELECT * FROM pools_out_v8(
         'started', entry => p_entry, key => v_key, token => p_token, demand => v_demand,
         at => v_until);
-    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v7(
+    RETURN QUERY SELECT o.* FROM jsonb_each(v_demand) d, pools_out_v8(
         'event', entry => p_entry, key => v_key, token => p_token, pool => d.key,
         at => p_now, event_kind => 'started',
         detail => jsonb_build_object('slots', d.value::int, 'worker', v_worker)) o
@@ -355,75 +395,21 @@ BEGIN
 END
 $$;
 
--- Put a call in line (entry, one demand row per pool, 'enqueued' events) and admit what
--- fits. A refusal writes nothing and returns one 'refused' row, in the contract's
--- precedence: the first unknown pool (by name), else the first pool (by name) whose
--- capacity is below the demand, else ('policy') the first pool (by name) that is paused
--- with paused_policy 'reject' or draining, else the first pool (by name) whose backlog
--- reached max_queued ('full', or 'policy' when its overflow policy drops an entry). Otherwise one 'enqueued' row, its events, then pools_admit_v7's rows.
-CREATE OR REPLACE FUNCTION pools_enqueue_v7(
+-- Write an entry and its line rows, one per pool of p_pools (locked by the caller, or
+-- read without a lock by pools_enqueue_call_v8 for a pool whose line placement needs no
+-- pool state), placed by each pool's strategy; returns the entry's id.
+CREATE OR REPLACE FUNCTION pools_line_v8(
     p_key text, p_task text, p_args jsonb, p_kwargs jsonb, p_options jsonb, p_demand jsonb,
     p_priority integer, p_now timestamptz, p_not_before timestamptz, p_deadline timestamptz,
-    p_origin text, p_root text, p_parent text, p_attempt integer,
-    p_lease double precision, p_events boolean, p_fairness_key text, p_lock_ms integer)
-RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
-              o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
-              o_state text, o_reason text, o_asked bigint, o_limit bigint, o_at timestamptz,
-              o_event bigint, o_event_kind text, o_detail jsonb)
+    p_origin text, p_root text, p_parent text, p_attempt integer, p_fairness_key text,
+    p_pools bigint[])
+RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    r record;
-    v_pools bigint[] := '{}';
     v_entry bigint;
-    v_unknown text;
     v_delayed boolean := p_not_before IS NOT NULL AND p_not_before > p_now;
     v_at timestamptz;
 BEGIN
-    PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
-    -- The locks first (name order), then the refusals in the contract's precedence.
-    FOR r IN SELECT p.id FROM pools_pool p
-              WHERE p.name IN (SELECT jsonb_object_keys(p_demand))
-              ORDER BY p.name FOR UPDATE LOOP
-        v_pools := v_pools || r.id;
-    END LOOP;
-    SELECT min(k) INTO v_unknown FROM jsonb_object_keys(p_demand) k
-     WHERE k NOT IN (SELECT p.name FROM pools_pool p WHERE p.id = ANY(v_pools));
-    IF v_unknown IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM pools_out_v7('refused', pool => v_unknown, reason => 'unknown');
-        RETURN;
-    END IF;
-    FOR r IN SELECT p.name, p.slots, (p_demand ->> p.name)::int AS asked
-               FROM pools_pool p WHERE p.id = ANY(v_pools) ORDER BY p.name LOOP
-        IF r.asked > r.slots THEN
-            RETURN QUERY SELECT * FROM pools_out_v7(
-                'refused', pool => r.name::text, reason => 'capacity', asked => r.asked::bigint,
-                lim => r.slots::bigint);
-            RETURN;
-        END IF;
-    END LOOP;
-    -- Paused with paused_policy 'reject', or draining: the Python path refuses it.
-    FOR r IN SELECT p.name FROM pools_pool p
-              WHERE p.id = ANY(v_pools)
-                AND ((p.paused AND p.paused_policy = 'reject') OR p.pending_slots IS NOT NULL)
-              ORDER BY p.name LIMIT 1 LOOP
-        RETURN QUERY SELECT * FROM pools_out_v7('refused', pool => r.name::text, reason => 'policy');
-        RETURN;
-    END LOOP;
-    FOR r IN SELECT p.id, p.name, p.max_queued, p.overflow, (p_demand ->> p.name)::int AS asked
-               FROM pools_pool p WHERE p.id = ANY(v_pools) AND p.max_queued IS NOT NULL
-              ORDER BY p.name LOOP
-        IF (SELECT count(*) FROM (
-                SELECT 1 FROM pools_demand d
-                 WHERE d.pool_id = r.id AND d.state IN ('waiting', 'delayed')
-                 LIMIT r.max_queued) w) >= r.max_queued THEN
-            -- A full backlog that drops an entry instead: the Python path does it.
-            RETURN QUERY SELECT * FROM pools_out_v7(
-                'refused', pool => r.name::text,
-                reason => CASE WHEN r.overflow = 'reject' THEN 'full' ELSE 'policy' END,
-                asked => r.asked::bigint, lim => r.max_queued::bigint);
-            RETURN;
-        END IF;
-    END LOOP;
     INSERT INTO pools_queueentry (
         key, task_name, args, kwargs, options, demand, state, priority, enqueued_at,
         not_before, deadline, token, worker, origin, root_id, parent_id, attempt, reason,
@@ -457,18 +443,270 @@ BEGIN
                ELSE v_at
            END,
            CASE WHEN p.strategy = 'fair' THEN p_fairness_key END
-      FROM pools_pool p WHERE p.id = ANY(v_pools);
+      FROM pools_pool p WHERE p.id = ANY(p_pools);
     IF v_delayed THEN
         UPDATE pools_pool p SET next_due_at = LEAST(COALESCE(p.next_due_at, p_not_before), p_not_before)
-         WHERE p.id = ANY(v_pools);
+         WHERE p.id = ANY(p_pools);
     END IF;
-    RETURN QUERY SELECT * FROM pools_out_v7(
+    RETURN v_entry;
+END
+$$;
+
+-- The 'enqueued' row of an entry and (p_events) its events.
+CREATE OR REPLACE FUNCTION pools_enqueued_v8(
+    p_entry bigint, p_key text, p_demand jsonb, p_now timestamptz, p_events boolean)
+RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
+              o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
+              o_state text, o_reason text, o_asked bigint, o_limit bigint, o_at timestamptz,
+              o_event bigint, o_event_kind text, o_detail jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_entry bigint := p_entry;
+BEGIN
+    RETURN QUERY SELECT * FROM pools_out_v8(
         'enqueued', entry => v_entry, key => p_key, token => 0::bigint);
-    RETURN QUERY SELECT o.* FROM jsonb_each(p_demand) d, pools_out_v7(
+    RETURN QUERY SELECT o.* FROM jsonb_each(p_demand) d, pools_out_v8(
         'event', entry => v_entry, key => p_key, token => 0::bigint, pool => d.key,
         at => p_now, event_kind => 'enqueued',
         detail => jsonb_build_object('slots', d.value::int)) o
       WHERE p_events;
-    RETURN QUERY SELECT * FROM pools_admit_v7(v_pools, p_now, p_lease, p_events);
+END
+$$;
+
+-- Put a call in line (entry, one demand row per pool, 'enqueued' events) and admit what
+-- fits. A refusal writes nothing and returns one 'refused' row, in the contract's
+-- precedence: the first unknown pool (by name), else the first pool (by name) whose
+-- capacity is below the demand, else ('policy') the first pool (by name) that is paused
+-- with paused_policy 'reject' or draining, else the first pool (by name) whose backlog
+-- reached max_queued ('full', or 'policy' when its overflow policy drops an entry). Otherwise one 'enqueued' row, its events, then pools_admit_v8's rows.
+CREATE OR REPLACE FUNCTION pools_enqueue_v8(
+    p_key text, p_task text, p_args jsonb, p_kwargs jsonb, p_options jsonb, p_demand jsonb,
+    p_priority integer, p_now timestamptz, p_not_before timestamptz, p_deadline timestamptz,
+    p_origin text, p_root text, p_parent text, p_attempt integer,
+    p_lease double precision, p_events boolean, p_fairness_key text, p_lock_ms integer)
+RETURNS TABLE(o_kind text, o_entry bigint, o_key text, o_token bigint, o_pool text,
+              o_task text, o_args jsonb, o_kwargs jsonb, o_options jsonb, o_demand jsonb,
+              o_state text, o_reason text, o_asked bigint, o_limit bigint, o_at timestamptz,
+              o_event bigint, o_event_kind text, o_detail jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    v_pools bigint[] := '{}';
+    v_entry bigint;
+    v_unknown text;
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
+    -- The locks first (name order), then the refusals in the contract's precedence.
+    FOR r IN SELECT p.id FROM pools_pool p
+              WHERE p.name IN (SELECT jsonb_object_keys(p_demand))
+              ORDER BY p.name FOR NO KEY UPDATE LOOP
+        v_pools := v_pools || r.id;
+    END LOOP;
+    SELECT min(k) INTO v_unknown FROM jsonb_object_keys(p_demand) k
+     WHERE k NOT IN (SELECT p.name FROM pools_pool p WHERE p.id = ANY(v_pools));
+    IF v_unknown IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM pools_out_v8('refused', pool => v_unknown, reason => 'unknown');
+        RETURN;
+    END IF;
+    FOR r IN SELECT p.name, p.slots, (p_demand ->> p.name)::int AS asked
+               FROM pools_pool p WHERE p.id = ANY(v_pools) ORDER BY p.name LOOP
+        IF r.asked > r.slots THEN
+            RETURN QUERY SELECT * FROM pools_out_v8(
+                'refused', pool => r.name::text, reason => 'capacity', asked => r.asked::bigint,
+                lim => r.slots::bigint);
+            RETURN;
+        END IF;
+    END LOOP;
+    -- Paused with paused_policy 'reject', or draining: the Python path refuses it.
+    FOR r IN SELECT p.name FROM pools_pool p
+              WHERE p.id = ANY(v_pools)
+                AND ((p.paused AND p.paused_policy = 'reject') OR p.pending_slots IS NOT NULL)
+              ORDER BY p.name LIMIT 1 LOOP
+        RETURN QUERY SELECT * FROM pools_out_v8('refused', pool => r.name::text, reason => 'policy');
+        RETURN;
+    END LOOP;
+    FOR r IN SELECT p.id, p.name, p.max_queued, p.overflow, (p_demand ->> p.name)::int AS asked
+               FROM pools_pool p WHERE p.id = ANY(v_pools) AND p.max_queued IS NOT NULL
+              ORDER BY p.name LOOP
+        IF (SELECT count(*) FROM (
+                SELECT 1 FROM pools_demand d
+                 WHERE d.pool_id = r.id AND d.state IN ('waiting', 'delayed')
+                 LIMIT r.max_queued) w) >= r.max_queued THEN
+            -- A full backlog that drops an entry instead: the Python path does it.
+            RETURN QUERY SELECT * FROM pools_out_v8(
+                'refused', pool => r.name::text,
+                reason => CASE WHEN r.overflow = 'reject' THEN 'full' ELSE 'policy' END,
+                asked => r.asked::bigint, lim => r.max_queued::bigint);
+            RETURN;
+        END IF;
+    END LOOP;
+    v_entry := pools_line_v8(p_key, p_task, p_args, p_kwargs, p_options, p_demand, p_priority,
+                             p_now, p_not_before, p_deadline, p_origin, p_root, p_parent,
+                             p_attempt, p_fairness_key, v_pools);
+    RETURN QUERY SELECT * FROM pools_enqueued_v8(v_entry, p_key, p_demand, p_now, p_events);
+    RETURN QUERY SELECT * FROM pools_admit_v8(v_pools, p_now, p_lease, p_events);
+END
+$$;
+
+-- Contention (docs/concepts/admission.md#contention). The procedures below are what a call
+-- outside a transaction runs: a settle or an enqueue that finds its one pool's row locked
+-- by another call does not wait for it. The settle ends its entry and leaves the release
+-- in pools_owedrelease; the enqueue puts its entry in line. The holder of the lock admits
+-- for everyone: pools_admit_v8 subtracts owed releases first, and every call that held a
+-- pool's lock looks again right after it commits (pools_recheck_v8), as does a call that
+-- left work, after its own commit. So no work waits for a lock holder that has already
+-- looked: a holder's look comes after its commit, hence after any work committed while it
+-- held the lock. Calls inside a caller's transaction run the functions above (they wait
+-- for the lock) and the caller looks again after its commit (pools/pg/engine.py), as the
+-- ORM engine's lock holders do (pools/core/locking.py).
+--
+-- Results come back as one jsonb array of the output rows (pools_out_v8's columns), in
+-- the INOUT argument o_rows.
+
+-- After a commit: while a pool named in p_pools has work owed to its lock holder (rows of
+-- pools_owedrelease), lock those pools without waiting (a pool locked by another call is
+-- left to that call, which looks again after its commit), admit (pools_admit_v8, which
+-- takes the owed work) and commit. Appends the rows to o_rows. After 50 rounds it stops
+-- and adds a 'wake' row due now for the pools that still have work (the caller runs a
+-- pass for them).
+CREATE OR REPLACE PROCEDURE pools_recheck_v8(
+    p_pools text[], p_now timestamptz, p_lease double precision, p_events boolean,
+    p_lock_ms integer, INOUT o_rows jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_work bigint[];
+    v_locked bigint[];
+    v_rows jsonb;
+BEGIN
+    o_rows := COALESCE(o_rows, '[]'::jsonb);
+    FOR i IN 1 .. 51 LOOP
+        PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
+        SELECT array_agg(p.id ORDER BY p.name) INTO v_work FROM pools_pool p
+         WHERE p.name = ANY(p_pools)
+           AND EXISTS (SELECT 1 FROM pools_owedrelease o WHERE o.pool_id = p.id);
+        EXIT WHEN v_work IS NULL;
+        IF i > 50 THEN
+            SELECT jsonb_agg(to_jsonb(w)) INTO v_rows
+              FROM pools_pool p, pools_out_v8('wake', pool => p.name::text, at => p_now) w
+             WHERE p.id = ANY(v_work);
+            o_rows := o_rows || v_rows;
+            EXIT;
+        END IF;
+        SELECT array_agg(l.id) INTO v_locked FROM (
+            SELECT p.id FROM pools_pool p WHERE p.id = ANY(v_work)
+             ORDER BY p.name FOR NO KEY UPDATE SKIP LOCKED) l;
+        EXIT WHEN v_locked IS NULL;
+        SELECT jsonb_agg(to_jsonb(a)) INTO v_rows
+          FROM pools_admit_v8(v_locked, p_now, p_lease, p_events) a;
+        o_rows := o_rows || COALESCE(v_rows, '[]'::jsonb);
+        COMMIT;
+    END LOOP;
+END
+$$;
+
+-- pools_enqueue_v8 for a call outside a transaction. A call sent now to one pool with no
+-- policy that needs its lock (not paused or draining, no backlog bound, rate or spend cap;
+-- strategy priority or fifo), whose row another call holds, is put in line without
+-- waiting (pools_line_v8) and returns its 'enqueued' row: the holder admits it. Anything
+-- else runs pools_enqueue_v8. Then pools_recheck_v8 over its pools.
+CREATE OR REPLACE PROCEDURE pools_enqueue_call_v8(
+    p_key text, p_task text, p_args jsonb, p_kwargs jsonb, p_options jsonb, p_demand jsonb,
+    p_priority integer, p_now timestamptz, p_not_before timestamptz, p_deadline timestamptz,
+    p_origin text, p_root text, p_parent text, p_attempt integer,
+    p_lease double precision, p_events boolean, p_fairness_key text, p_lock_ms integer,
+    INOUT o_rows jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_names text[];
+    v_pool bigint;
+    v_entry bigint;
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
+    IF (p_not_before IS NULL OR p_not_before <= p_now)
+       AND (SELECT count(*) FROM jsonb_object_keys(p_demand)) = 1 THEN
+        v_name := (SELECT k FROM jsonb_object_keys(p_demand) k);
+        PERFORM 1 FROM pools_pool p WHERE p.name = v_name FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            SELECT p.id INTO v_pool FROM pools_pool p
+             WHERE p.name = v_name AND (p_demand ->> v_name)::int <= p.slots
+               AND NOT p.paused AND p.pending_slots IS NULL AND p.max_queued IS NULL
+               AND p.rate = '' AND p.spend_cap IS NULL AND p.strategy IN ('priority', 'fifo');
+            IF FOUND THEN
+                v_entry := pools_line_v8(p_key, p_task, p_args, p_kwargs, p_options, p_demand,
+                                         p_priority, p_now, p_not_before, p_deadline, p_origin,
+                                         p_root, p_parent, p_attempt, p_fairness_key,
+                                         ARRAY[v_pool]);
+                -- Owed to the holder: an admission pass (no slots to release).
+                INSERT INTO pools_owedrelease (pool_id, slots) VALUES (v_pool, 0);
+                SELECT jsonb_agg(to_jsonb(x)) INTO o_rows
+                  FROM pools_enqueued_v8(v_entry, p_key, p_demand, p_now, p_events) x;
+                COMMIT;
+                CALL pools_recheck_v8(ARRAY[v_name], p_now, p_lease, p_events, p_lock_ms, o_rows);
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    SELECT COALESCE(jsonb_agg(to_jsonb(x)), '[]'::jsonb) INTO o_rows
+      FROM pools_enqueue_v8(p_key, p_task, p_args, p_kwargs, p_options, p_demand, p_priority,
+                            p_now, p_not_before, p_deadline, p_origin, p_root, p_parent,
+                            p_attempt, p_lease, p_events, p_fairness_key, p_lock_ms) x;
+    COMMIT;
+    v_names := ARRAY(SELECT jsonb_object_keys(p_demand));
+    CALL pools_recheck_v8(v_names, p_now, p_lease, p_events, p_lock_ms, o_rows);
+END
+$$;
+
+-- pools_settle_v8 for a call outside a transaction. An entry of one pool without a rate,
+-- spend cap or pending capacity, whose row another call holds, is ended without waiting
+-- (pools_finish_v8) and its slots are owed (pools_owedrelease): the holder subtracts them
+-- and admits. Anything else runs pools_settle_v8. Then pools_recheck_v8 over its pools.
+CREATE OR REPLACE PROCEDURE pools_settle_call_v8(
+    p_entry bigint, p_token bigint, p_outcome text, p_reason text, p_live boolean,
+    p_now timestamptz, p_lease double precision, p_events boolean, p_lock_ms integer,
+    INOUT o_rows jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_demand jsonb;
+    v_name text;
+    v_names text[];
+    v_pool bigint;
+    f record;
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
+    SELECT e.demand INTO v_demand FROM pools_queueentry e WHERE e.queue_id = p_entry;
+    IF FOUND AND (SELECT count(*) FROM jsonb_object_keys(v_demand)) = 1 THEN
+        v_name := (SELECT k FROM jsonb_object_keys(v_demand) k);
+        PERFORM 1 FROM pools_pool p WHERE p.name = v_name FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            SELECT p.id INTO v_pool FROM pools_pool p
+             WHERE p.name = v_name AND p.rate = '' AND p.spend_cap IS NULL
+               AND p.pending_slots IS NULL;
+            IF FOUND THEN
+                SELECT * INTO f
+                  FROM pools_finish_v8(p_entry, p_token, p_outcome, p_reason, p_live, p_now);
+                IF NOT FOUND THEN
+                    o_rows := '[]'::jsonb;
+                    RETURN;
+                END IF;
+                INSERT INTO pools_owedrelease (pool_id, slots)
+                VALUES (v_pool, (v_demand ->> v_name)::int);
+                SELECT jsonb_agg(to_jsonb(x)) INTO o_rows
+                  FROM pools_settled_v8(p_entry, p_token, f.o_key, v_demand, f.o_state,
+                                        f.o_job, p_now, p_events) x;
+                COMMIT;
+                CALL pools_recheck_v8(ARRAY[v_name], p_now, p_lease, p_events, p_lock_ms, o_rows);
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    SELECT COALESCE(jsonb_agg(to_jsonb(x)), '[]'::jsonb) INTO o_rows
+      FROM pools_settle_v8(p_entry, p_token, p_outcome, p_reason, p_live, p_now, p_lease,
+                           p_events, p_lock_ms) x;
+    COMMIT;
+    IF v_demand IS NOT NULL THEN
+        v_names := ARRAY(SELECT jsonb_object_keys(v_demand));
+        CALL pools_recheck_v8(v_names, p_now, p_lease, p_events, p_lock_ms, o_rows);
+    END IF;
 END
 $$;

@@ -5,7 +5,9 @@ against two small pools on the test database, some entries naming both pools. An
 independent recorder (see :mod:`tests.support.contention`) puts every admission (after its commit),
 start and end (before settle) in one global order; a sweep over that order proves the slots
 held never exceeded capacity at any instant. Children also fail on a stall (work left but
-nothing finishing for 20 s: a lost wake-up).
+nothing finishing for 20 s: a lost wake-up), and no head of a line may wait over 100 ms
+while the slots it asks for are free (:func:`tests.support.contention.starved_heads`; its
+self-test loses every settle's wake-up).
 
 Both admission paths are proven: on PostgreSQL the run and its sabotage self-test run
 once on the stored functions (``SQL_FAST_PATH=True``; the sabotage installs a copy of
@@ -21,6 +23,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db.models import Q
@@ -79,6 +82,106 @@ def test_sweep__a_late_admit_record_does_not_open_after_the_end() -> None:
     assert contention.sweep([*events, *more, ev(6, "start", 3, {"a": 1})]) == {"a": 2}
 
 
+# --------------------------------------------------------------------------- starved heads
+
+
+def at(
+    ms: float,
+    kind: str,
+    entry: int,
+    demand: dict[str, int] | None = None,
+    *,
+    priority: int = 0,
+    began: float | None = None,
+) -> contention.Event:
+    """An event at ``ms`` milliseconds; a ``submit`` began 1 ms earlier unless told."""
+    submit_ = kind == "submit"
+    return contention.Event(
+        seq=int(ms * 1000),
+        kind=kind,
+        entry=entry,
+        token=None if submit_ else 1,
+        demand=demand or {},
+        proc=0,
+        mono=int(ms * 1_000_000),
+        priority=priority if submit_ else None,
+        began=int(((ms - 1) if began is None else began) * 1_000_000) if submit_ else None,
+    )
+
+
+def life(
+    entry: int, demand: dict[str, int], submit: float, admit: float, settled: float, **kw: Any
+) -> list[contention.Event]:
+    """The events of one entry: submitted, admitted, started, ended and settled."""
+    return [
+        at(submit, "submit", entry, demand, **kw),
+        at(admit, "admit", entry),
+        at(admit + 1, "start", entry, demand),
+        at(settled - 2, "end", entry, demand),
+        at(settled, "settled", entry, demand),
+    ]
+
+
+def starved(events: list[contention.Event], capacity: dict[str, int]) -> list[str]:
+    return [str(e) for e in contention.starved_heads(sorted(events, key=lambda e: e.seq), capacity)]
+
+
+def test_starved_heads__counts_a_head_waiting_150_ms_with_its_slot_free() -> None:
+    events = [*life(1, {"a": 1}, 0, 2, 30), *life(2, {"a": 1}, 10, 180, 200)]
+    # Entry 2 heads the line from 10 ms, its slot is free from 30 ms (settle returned) to 180.
+    assert starved(events, {"a": 1}) == ["entry 2 (a 1) head with free slots for 150 ms"]
+
+
+def test_starved_heads__a_wait_under_100_ms_is_not_counted() -> None:
+    events = [*life(1, {"a": 1}, 0, 2, 30), *life(2, {"a": 1}, 10, 120, 200)]
+    assert starved(events, {"a": 1}) == []
+
+
+def test_starved_heads__the_slot_is_free_only_once_settle_returned() -> None:
+    # 'end' at 28 ms but settle returned at 130: admitted at 200, 70 ms after the release.
+    events = [*life(1, {"a": 1}, 0, 2, 130), *life(2, {"a": 1}, 10, 200, 300)]
+    assert starved(events, {"a": 1}) == []
+
+
+def test_starved_heads__a_head_without_enough_free_slots_is_not_counted() -> None:
+    # Entry 2 asks for both slots of 'a'; one is held by entry 1 for a second.
+    events = [*life(1, {"a": 1}, 0, 2, 1000), *life(2, {"a": 2}, 10, 1050, 1100)]
+    assert starved(events, {"a": 2}) == []
+
+
+def test_starved_heads__an_entry_behind_a_head_that_does_not_fit_is_not_counted() -> None:
+    events = [
+        *life(1, {"a": 1}, 0, 2, 1000),
+        *life(2, {"a": 2}, 10, 1050, 1100, priority=3),  # the head: waits for both slots
+        *life(3, {"a": 1}, 5, 1150, 1200),  # one slot is free, but it is not the head
+    ]
+    assert starved(events, {"a": 2}) == []
+    # With the head's priority no higher than its own, entry 3 (enqueued first) is the head.
+    events[5] = at(10, "submit", 2, {"a": 2}, priority=0)
+    assert starved(events, {"a": 2}) == ["entry 3 (a 1) head with free slots for 1045 ms"]
+
+
+def test_starved_heads__an_order_the_recorder_cannot_tell_goes_to_the_engine() -> None:
+    # Enqueues of equal priority that overlapped in time: either may be the head.
+    events = [
+        *life(1, {"a": 1}, 0, 2, 1000),
+        *life(2, {"a": 2}, 10, 1050, 1100, began=3),
+        *life(3, {"a": 1}, 8, 1150, 1200, began=4),
+    ]
+    assert starved(events, {"a": 2}) == []
+
+
+def test_starved_heads__a_multi_pool_entry_must_head_every_line() -> None:
+    events = [
+        *life(1, {"b": 1}, 0, 2, 1000),
+        *life(2, {"b": 2}, 5, 1050, 1100),  # heads b, does not fit
+        *life(3, {"a": 1, "b": 1}, 10, 1150, 1200),  # heads a, both fit, but not b's head
+    ]
+    assert starved(events, {"a": 1, "b": 2}) == []
+    events[5] = at(5, "submit", 2, {"b": 1})  # now entry 2 fits: it is a starved head
+    assert starved(events, {"a": 1, "b": 2}) == ["entry 2 (b 1) head with free slots for 1045 ms"]
+
+
 @pytest.fixture(params=_admission_paths())
 def path(request: pytest.FixtureRequest) -> str:
     """The admission path under proof: ``sql`` (stored functions) or ``orm``."""
@@ -108,6 +211,36 @@ def test_contention__checker_catches_a_broken_admission(path: str) -> None:
             cursor.execute("SELECT pg_get_functiondef(%s::regproc)", [functions.name("admit")])
             assert "SABOTAGED" not in cursor.fetchone()[0]
     assert any(result.max_held[p] > slots for p, slots in CAPACITY.items()), result.max_held
+
+
+def test_contention__checker_catches_lost_wake_ups(path: str) -> None:
+    """Mutation check: with settles that free slots without an admission pass (a sweep
+    every 0.5 s admits instead), the recorder sees heads waiting with their slots free."""
+    result = contention.run(
+        fast_path=path == "sql",
+        entries=160,
+        processes=PROCESSES,
+        pools=CAPACITY,
+        timeout=TIMEOUT,
+        seed=5,
+        lose_wakeups=True,
+    )
+    print(f"\n(wake-ups lost) {result.summary()}")
+    assert not result.timed_out and not result.failures, result.failures
+    assert {c.fast_path for c in result.children} == {path == "sql"}
+    assert result.states == {EntryState.SUCCEEDED: 160}, result.states
+    # The check of the real run fails on it.
+    with pytest.raises(AssertionError, match="head with free slots") as failed:
+        assert_no_lost_wake_ups(result)
+    print(f"the check fails: {str(failed.value)[:600]}")
+
+
+def assert_no_lost_wake_ups(result: contention.Result) -> None:
+    """No head of a line waited over 100 ms while its slots were free."""
+    starved_heads = result.starved
+    assert not starved_heads, f"{len(starved_heads)} starved heads:\n" + "\n".join(
+        str(e) for e in starved_heads[:10]
+    )
 
 
 def test_contention__never_oversubscribes_under_many_processes(path: str) -> None:
@@ -141,6 +274,8 @@ def test_contention__never_oversubscribes_under_many_processes(path: str) -> Non
         assert result.max_held.get(pool, 0) <= slots, (pool, result.max_held)
         assert result.max_held_by_clock.get(pool, 0) <= slots, (pool, result.max_held_by_clock)
         assert result.max_running.get(pool, 0) <= slots, (pool, result.max_running)
+    # No lost wake-up: no head of a line waited over 100 ms while its slots were free.
+    assert_no_lost_wake_ups(result)
     # ...and the run really was contended (slots were full at some instant).
     assert result.max_held["conc-a"] == CAPACITY["conc-a"], result.max_held
     assert result.max_held["conc-b"] >= 2, result.max_held

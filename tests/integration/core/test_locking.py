@@ -2,7 +2,10 @@
 
 * A transaction holding a pool row (``SELECT ... FOR UPDATE`` from a second connection)
   blocks admission on that pool until it ends; with ``LOCK_TIMEOUT_SECONDS`` the wait is
-  bounded and surfaces as :class:`PoolUnavailable` with nothing written.
+  bounded and surfaces as :class:`PoolUnavailable` with nothing written. (On the
+  PostgreSQL engine a settle or enqueue of a one-pool entry outside a transaction does
+  not wait: it leaves its work to the holder, tests/integration/pg/test_owed_work.py; the
+  tests here use entries of two pools where that matters.)
 * The admission query count is pinned, and does not grow with the length of the line.
 
 Enqueue and settle run two ways on PostgreSQL: one call of a stored function
@@ -197,8 +200,11 @@ def test_held_pool_lock__blocks_settle_until_released(
 ) -> None:
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=60)
     make_pool("p", 1)
-    submit("p", key="run")
-    submit("p", key="next")
+    make_pool("q", 1)
+    # Two pools: a settle of a one-pool entry on the PostgreSQL engine does not wait, it
+    # leaves its release to the lock holder (tests/integration/pg/test_owed_work.py).
+    submit({"p": 1, "q": 1}, key="run")
+    submit({"p": 1, "q": 1}, key="next")
     with pool_row_locked("p") as locker:
         job = InThread(lambda: settle_key(recorder, "run"))
         wait_for(lambda: sessions_blocked_by(locker) == 1, 10, "settle to wait on the lock")
@@ -254,8 +260,9 @@ def test_lock_timeout__settle_raises_and_the_claim_is_still_held(
     recorder: RecordingBridge, settings: Settings, admission_path: str
 ) -> None:
     make_pool("p", 1)
-    submit("p", key="run")
-    submit("p", key="next")
+    make_pool("q", 1)
+    submit({"p": 1, "q": 1}, key="run")  # two pools: see the test above
+    submit({"p": 1, "q": 1}, key="next")
     with_pools_option(settings, LOCK_TIMEOUT_SECONDS=0.5)
     events_before = PoolEvent.objects.count()
     with pool_row_locked("p"), pytest.raises(PoolUnavailable, match=LOCK_TIMED_OUT):

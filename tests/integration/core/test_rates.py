@@ -366,7 +366,7 @@ def test_rates__calls_held_by_their_task_rate_do_not_block_the_named_pool(
 def test_rates__the_stored_functions_decide_rated_pools_themselves(
     recorder: RecordingBridge, settings: Any
 ) -> None:
-    """Fast path v7: a rated pool's single-pool heads are admitted (or held back, with a
+    """Fast path: a rated pool's single-pool heads are admitted (or held back, with a
     wake-up) by the stored functions, never handed to the Python pass (which costs a
     second pass per call: the figures are in docs/benchmarks.md, rate limits)."""
     from unittest import mock
@@ -376,14 +376,19 @@ def test_rates__the_stored_functions_decide_rated_pools_themselves(
     settings.POOLS = {**settings.POOLS, "SQL_FAST_PATH": True}
     make_pool("p", 2, rate="3/m")
     replies: list[fastpath.Reply] = []
-    real = fastpath.call
 
-    def spy(*args: Any, **kwargs: Any) -> fastpath.Reply:
-        reply = real(*args, **kwargs)
-        replies.append(reply)
-        return reply
+    def spying(real: Any) -> Any:
+        def spy(*args: Any, **kwargs: Any) -> fastpath.Reply:
+            reply: fastpath.Reply = real(*args, **kwargs)
+            replies.append(reply)
+            return reply
 
-    with mock.patch.object(fastpath, "call", spy):
+        return spy
+
+    with (
+        mock.patch.object(fastpath, "call", spying(fastpath.call)),
+        mock.patch.object(fastpath, "call_procedure", spying(fastpath.call_procedure)),
+    ):
         for key in "abcde":
             submit("p", key=key)
         settle("a")
