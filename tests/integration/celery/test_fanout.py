@@ -49,6 +49,11 @@ def test_enqueue_many__order_kept_results_match_entries_and_cap_held(broker):
     assert results[0].id == broker.seen[0]["id"] or results[1].id == broker.seen[0]["id"]
 
 
+def _locks_pools(sql: str) -> bool:
+    """A statement that locks pool rows (``FOR NO KEY UPDATE`` on PostgreSQL)."""
+    return "FROM POOLS_POOL" in sql and ("FOR UPDATE" in sql or "FOR NO KEY UPDATE" in sql)
+
+
 def test_enqueue_many__one_transaction_one_lock(broker):
     make_pool("warehouse", 1)
     with CaptureQueriesContext(connection) as queries:
@@ -56,7 +61,7 @@ def test_enqueue_many__one_transaction_one_lock(broker):
         with fanout_spy:
             pools.enqueue_many([add.s(i, 0) for i in range(20)])
     sql = _statements(queries)
-    locks = [s for s in sql if "FOR UPDATE" in s and "FROM POOLS_POOL" in s]
+    locks = [s for s in sql if _locks_pools(s)]
     inserts = [s for s in sql if s.startswith("INSERT INTO POOLS_QUEUEENTRY")]
     if connection.vendor == "postgresql":
         assert len(locks) == 1, locks
@@ -262,7 +267,7 @@ def _order_of_statements(calls: list) -> list[str]:
             seen.append("entries")
         elif sql.startswith("INSERT INTO POOLS_DEMAND"):
             seen.append("line rows")
-        elif "FOR UPDATE" in sql and "FROM POOLS_POOL" in sql:
+        elif _locks_pools(sql):
             seen.append("pool locks")
     return seen
 
