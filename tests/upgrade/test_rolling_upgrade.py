@@ -15,15 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from pools.pg import functions, sqlfile
+from pools.pg import sqlfile
 from tests.conftest import IN_CI, require_previous_release
 from tests.upgrade import run
 
 pytestmark = [pytest.mark.redis, pytest.mark.upgrade]
 
 #: The sabotage's delta and its migration (paths in the copied tree).
-DELTA = Path("pools") / "pg" / "sql" / "deltas" / "0.1.1_contract_now.sql"
+DELTA = Path("pools") / "pg" / "sql" / "deltas" / "0.2.1_contract_now.sql"
 MIGRATION = Path("pools") / "migrations" / "9998_contract_now.py"
+
+
+def _baseline() -> str:
+    """The SQL file the initial migration runs (the 0.1.0 baseline)."""
+    import importlib
+
+    return str(importlib.import_module("pools.migrations.0001_release_0_1_0").BASELINE)
 
 
 def _leaf(tree: Path) -> str:
@@ -79,14 +86,13 @@ def test_rolling_upgrade__on_mariadb_calls_in_flight_run_once_and_nothing_is_ref
 
 @pytest.mark.postgres
 def test_rolling_upgrade__self_test_a_contract_in_the_same_step_is_caught(tmp_path: Path) -> None:
-    """The check can fail: a next release whose delta creates version VERSION + 1 and drops
-    version VERSION in the same migration (no expand/contract) refuses the old release's
-    calls and stalls its settles."""
+    """The check can fail: a release that drops the previous release's stored functions in
+    its own migrations (contract in the same step as expand) refuses the old release's
+    calls and stalls its settles. The previous release's functions are those the 0.1.0
+    baseline creates."""
     tree = _copy(tmp_path)
-    old, new = f"_v{functions.VERSION}", f"_v{functions.VERSION + 1}"
-    schema = sqlfile.read("schema.sql")
-    dropped = sqlfile.drop_all(sqlfile.created_functions(schema))
-    (tree / DELTA).write_text(schema.replace(old, new) + dropped)
+    previous = sqlfile.created_functions(sqlfile.read(_baseline()))
+    (tree / DELTA).write_text(sqlfile.drop_all(previous))
     leaf = _leaf(tree)
     (tree / MIGRATION).write_text(
         "from django.db import migrations\n\nfrom pools.pg import sqlfile\n\n\n"
@@ -94,16 +100,10 @@ def test_rolling_upgrade__self_test_a_contract_in_the_same_step_is_caught(tmp_pa
         f'    dependencies = [("pools", "{leaf}")]\n'
         f'    operations = [sqlfile.run("deltas/{DELTA.name}")]\n'
     )
-    constant = tree / "pools" / "pg" / "functions.py"
-    text = constant.read_text()
-    assert f"VERSION = {functions.VERSION}\n" in text
-    constant.write_text(
-        text.replace(f"VERSION = {functions.VERSION}\n", f"VERSION = {functions.VERSION + 1}\n")
-    )
     figures = run.run(workdir=tmp_path / "run", new=tree)
     assert figures.planned == [*LATER, "pools.9998_contract_now"], figures.planned
     assert figures.refused, figures
-    enqueue = functions.name("enqueue")  # the previous release's: this tree's version
+    enqueue = next(name for name in previous if name.startswith("pools_enqueue_v"))
     assert any(enqueue in line for line in figures.refused), figures.refused[:3]
 
 
