@@ -124,8 +124,10 @@ def starved_heads(
     *,
     threshold: float = THRESHOLD,
     excluded: Sequence[tuple[float, float]] = (),
+    multi_pool_threshold: float | None = None,
 ) -> list[Episode]:
-    """Every episode (see the module docstring) longer than ``threshold`` seconds.
+    """Every episode (see the module docstring) longer than ``threshold`` seconds (an
+    entry of several pools: ``multi_pool_threshold``, when given).
 
     State only changes at the ends of stays, holds and excluded windows, so it is
     evaluated once per stretch between two consecutive such times.
@@ -160,15 +162,20 @@ def starved_heads(
         if not any(a <= t < b for a, b in excluded):
             starving = {s.entry: s for s in _starving_at(live, open_holds, capacity, t)}
         for entry in [e for e in running if e not in starving]:
-            _close(running.pop(entry), t, threshold, found)
+            episode = running.pop(entry)
+            _close(episode, t, _limit(episode, threshold, multi_pool_threshold), found)
         for entry, stay in starving.items():
             if entry not in running:
                 running[entry] = Episode(entry, stay.demand, t, t)
         if end == FOREVER:
             for episode in running.values():
-                _close(episode, FOREVER, threshold, found)
+                _close(episode, FOREVER, _limit(episode, threshold, multi_pool_threshold), found)
             running.clear()
     return sorted(found, key=lambda e: (e.start, e.entry))
+
+
+def _limit(episode: Episode, threshold: float, multi_pool: float | None) -> float:
+    return multi_pool if multi_pool is not None and len(episode.demand) > 1 else threshold
 
 
 def _close(episode: Episode, end: float, threshold: float, found: list[Episode]) -> None:

@@ -312,3 +312,17 @@ def test_starved_heads__a_multi_pool_entry_must_head_every_line() -> None:
         *life(3, {"p": 1, "q": 1}, enqueued=0.2, admitted=6, settled=7),  # heads p only
     ]
     assert starved(stream, {"p": 1, "q": 2}) == []
+
+
+def test_starved_heads__a_multi_pool_head_counts_from_half_a_second() -> None:
+    """The Python pass that admits it waits for every lock first (see
+    ``check.MULTI_POOL_THRESHOLD``): 300 ms is not counted, 600 ms is; a one-pool head's
+    300 ms is."""
+    stream = [*life(1, {"p": 1, "q": 1}, enqueued=0, admitted=0.3, settled=1)]
+    assert starved(stream, {"p": 1, "q": 1}) == []
+    stream = [*life(1, {"p": 1, "q": 1}, enqueued=0, admitted=0.6, settled=1)]
+    assert starved(stream, {"p": 1, "q": 1}) == [
+        "entry 1 (p 1, q 1) head with free slots for 600 ms"
+    ]
+    stream = [*life(1, {"p": 1}, enqueued=0, admitted=0.3, settled=1)]
+    assert starved(stream, {"p": 1}) == ["entry 1 (p 1) head with free slots for 300 ms"]
