@@ -30,8 +30,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, ClassVar
@@ -202,15 +202,23 @@ def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
     if _own.enabled and not connection.in_atomic_block:
         return _call_own(query, args, what)
     guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with _outage(what), guard, connection.cursor() as cursor:
+        cursor.execute(f"{BOUND}{query}", [*bound_params(), *args])
+        while cursor.description is None and cursor.nextset():
+            pass  # past the SET results
+        columns = [c.name for c in cursor.description or ()]
+        return decode(columns, cursor.fetchall(), jsonb_as_text=True)
+
+
+@contextmanager
+def _outage(what: str) -> Iterator[None]:
+    """Django's connection: database errors as :class:`PoolUnavailable`; integrity and
+    programming errors (bugs) pass as they are, unless the schema is behind this code
+    (deployed before ``migrate``: an outage)."""
     try:
-        with guard, connection.cursor() as cursor:
-            cursor.execute(f"{BOUND}{query}", [*bound_params(), *args])
-            while cursor.description is None and cursor.nextset():
-                pass  # past the SET results
-            columns = [c.name for c in cursor.description or ()]
-            return decode(columns, cursor.fetchall(), jsonb_as_text=True)
+        yield
     except (IntegrityError, ProgrammingError) as exc:
-        if schema_behind(exc):  # deployed before 'migrate': say so, as an outage
+        if schema_behind(exc):
             raise unavailable(what, exc) from exc
         raise  # a bug, not an outage: do not disguise it
     except DatabaseError as exc:
@@ -237,16 +245,9 @@ def call_procedure(procedure: str, params: Sequence[Any], *, what: str) -> Reply
     if _own.enabled:
         _, rows = _execute_own(query, args, what, bound=False)
         return _rows_of(rows[0][0] if rows else None, as_text=False)
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(query, args)
-            row = cursor.fetchone()
-    except (IntegrityError, ProgrammingError) as exc:
-        if schema_behind(exc):
-            raise unavailable(what, exc) from exc
-        raise
-    except DatabaseError as exc:
-        raise unavailable(what, exc) from exc
+    with _outage(what), connection.cursor() as cursor:
+        cursor.execute(query, args)
+        row = cursor.fetchone()
     return _rows_of(row[0] if row else None, as_text=True)
 
 
