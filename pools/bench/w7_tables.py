@@ -68,7 +68,13 @@ def reset(*, ballast: bool = True) -> None:
         QueueEntry.objects.filter(demand__has_key=BALLAST_POOL).delete()
         Pool.objects.filter(name=BALLAST_POOL).delete()
     with connection.cursor() as cursor:
-        for table in ("pools_queueentry", "pools_demand", "pools_poolevent", "pools_pool"):
+        for table in (
+            "pools_queueentry",
+            "pools_demand",
+            "pools_poolevent",
+            "pools_pool",
+            "pools_owedrelease",
+        ):
             cursor.execute(f"VACUUM ANALYZE {table}")
         cursor.execute("CHECKPOINT")
 
