@@ -475,24 +475,35 @@ class RateMark(models.Model):
         return f"{self.pool_id}#{self.rate_index}[{self.slot}] {self.at.isoformat()}"
 
 
-class OwedRelease(models.Model):
-    """Slots a settle released while another call held its pool's row lock (PostgreSQL).
+class OwedWork(models.Model):
+    """Work a call left to the holder of its pool's row lock (PostgreSQL): a release of
+    ``slots``, or with 0 slots an admission pass, while ``pending``.
 
-    A settle that finds the pool locked does not wait: it ends its entry and leaves the
-    release here; the next call that holds the lock subtracts it from :attr:`Pool.held`
-    and admits for everyone (``pools_admit`` in ``pools/pg/sql/schema.sql``,
-    :func:`pools.core.held.apply_owed`), and every holder looks for such work again after
-    it commits (docs/concepts/admission.md#contention). No foreign-key constraint: an
-    insert must not take a key-share lock on the pool's row while another call holds it.
+    A settle or an enqueue that finds the pool locked does not wait: it ends its entry, or
+    puts it in line, and leaves the rest here (``pools_owe`` in ``pools/pg/sql/schema.sql``);
+    the next call that holds the lock takes it (subtracts the slots from :attr:`Pool.held`
+    and admits for everyone: ``pools_admit``, :func:`pools.core.held.take_owed`), and every
+    holder looks for such work again after it commits
+    (docs/concepts/admission.md#contention). Each pool has at most 16 rows (``slot``), which
+    calls update in place and take without waiting for each other (``SKIP LOCKED``): no
+    row is inserted or deleted per call. No foreign-key constraint: a write must not take a
+    key-share lock on the pool's row while another call holds it.
     """
 
     pool = models.ForeignKey(
         Pool, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
     )
-    slots = models.PositiveIntegerField()
+    slot = models.PositiveSmallIntegerField()
+    slots = models.PositiveIntegerField(default=0)
+    pending = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "slot"], name="pools_owedwork_pool_slot"),
+        ]
 
     def __str__(self) -> str:
-        return f"{self.pool_id}: {self.slots} owed"
+        return f"{self.pool_id}/{self.slot}: {self.slots} owed" if self.pending else "nothing owed"
 
 
 class PoolEvent(models.Model):

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import OperationalError, connection, transaction
 
-from pools.models import Demand, OwedRelease, Pool, PoolEvent, QueueEntry
+from pools.models import Demand, OwedWork, Pool, PoolEvent, QueueEntry
 
 
 def scalar(sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
@@ -77,12 +77,12 @@ def settle_tables(*, checkpoint: bool = True) -> None:
     settle leaves dead row versions behind. On a production server autovacuum removes
     them about once a minute; on a server where it is off (CI configurations often turn
     it off) they pile up over the run and each repetition would be slower than the last.
-    That includes the owed-work table (``pools_owedrelease``: a row inserted and deleted
-    per call that found a pool locked), whose dead rows every look after a commit probes.
+    That includes the owed-work table (``pools_owedwork``, rows updated in place
+    by every call that found a pool locked), whose dead row versions pile up too.
     """
     if connection.vendor != "postgresql":
         return
-    tables = [m._meta.db_table for m in (QueueEntry, Demand, PoolEvent, OwedRelease, Pool)]
+    tables = [m._meta.db_table for m in (QueueEntry, Demand, PoolEvent, OwedWork, Pool)]
     with connection.cursor() as cursor:
         for table in tables:
             cursor.execute(f"VACUUM ANALYZE {table}")

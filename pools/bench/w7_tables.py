@@ -73,7 +73,7 @@ def reset(*, ballast: bool = True) -> None:
             "pools_demand",
             "pools_poolevent",
             "pools_pool",
-            "pools_owedrelease",
+            "pools_owedwork",
         ):
             cursor.execute(f"VACUUM ANALYZE {table}")
         cursor.execute("CHECKPOINT")

@@ -22,7 +22,7 @@ from pools.exceptions import (
     PoolInUse,
     UnknownPool,
 )
-from pools.models import Demand, OwedRelease, Pool, PoolOverride
+from pools.models import Demand, OwedWork, Pool, PoolOverride
 from pools.pool_fields import OverflowPolicy, PausedPolicy, Strategy
 from pools.states import TERMINAL_STATES, EventKind
 
@@ -169,8 +169,8 @@ def delete_pool(name: str, *, actor: str | None = None, idle_since: datetime | N
             return False
         # Finished entries keep their rows in other pools; their demand here goes with it.
         Demand.objects.filter(pool_id=pool.pk).delete()
-        # Work owed to its lock holder (no foreign key: see OwedRelease) goes with it.
-        OwedRelease.objects.filter(pool_id=pool.pk).delete()
+        # Work owed to its lock holder (no foreign key: see OwedWork) goes with it.
+        OwedWork.objects.filter(pool_id=pool.pk).delete()
         pool.delete()
         events.record_pool(
             EventKind.POOL_DELETED,

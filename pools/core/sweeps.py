@@ -17,7 +17,7 @@ from django.utils import timezone
 from pools import conf
 from pools.core import admission, backoffs, dispatch, per_key, settings_sync
 from pools.core.locking import locked_pools
-from pools.models import Demand, OwedRelease, Pool, PoolEvent, QueueEntry, RunBudget
+from pools.models import Demand, OwedWork, Pool, PoolEvent, QueueEntry, RunBudget
 from pools.states import TERMINAL_STATES
 
 logger = logging.getLogger("pools.core.sweeps")
@@ -72,9 +72,9 @@ def sweep(now: datetime | None = None) -> SweepReport:
 
 def _held_sums(pool_ids: list[int] | None = None) -> dict[int, int]:
     """What each pool's ``held`` should be: its holders' slots, plus releases still owed
-    to its lock holder (settles that found the pool locked: :class:`OwedRelease`)."""
+    to its lock holder (settles that found the pool locked: :class:`OwedWork`)."""
     sums: dict[int, int] = {}
-    for rows in (Demand.objects.held(), OwedRelease.objects.all()):
+    for rows in (Demand.objects.held(), OwedWork.objects.all()):
         if pool_ids is not None:
             rows = rows.filter(pool_id__in=pool_ids)
         for r in rows.values("pool_id").annotate(n=Sum("slots")).order_by():

@@ -21,6 +21,7 @@ BASES = (
     "finish",
     "line",
     "out",
+    "owe",
     "recheck",
     "settle",
     "settle_call",

@@ -116,11 +116,15 @@ BEGIN
                     p.pending_slots, p.strategy, p.fair_round, p.spend_cap, p.rate
                FROM pools_pool p
              WHERE p.id = ANY(p_pools) ORDER BY p.name LOOP
-        -- Work owed by calls that found this pool locked (pools_owedrelease): releases of
-        -- settles, which the lock holder subtracts from held first, and admission passes
-        -- (0 slots) of entries put in line, which this pass is.
-        WITH o AS (DELETE FROM pools_owedrelease o WHERE o.pool_id = r.id RETURNING o.slots)
-        SELECT COALESCE(sum(o.slots), 0) INTO v_owed FROM o;
+        -- Work owed by calls that found this pool locked (pools_owedwork, pools_owe_v8):
+        -- releases of settles, which the lock holder subtracts from held first, and
+        -- admission passes (0 slots) of entries put in line, which this pass is. A row that
+        -- a call is writing now is left to it: that call looks again after its commit.
+        WITH t AS (SELECT o.id, o.slots FROM pools_owedwork o
+                    WHERE o.pool_id = r.id AND o.pending FOR NO KEY UPDATE SKIP LOCKED),
+             u AS (UPDATE pools_owedwork o SET slots = 0, pending = false FROM t
+                    WHERE o.id = t.id RETURNING t.slots)
+        SELECT COALESCE(sum(u.slots), 0) INTO v_owed FROM u;
         IF v_owed > 0 THEN
             UPDATE pools_pool p SET held = p.held - v_owed WHERE p.id = r.id;
             r.held := r.held - v_owed;
@@ -551,7 +555,7 @@ $$;
 -- Contention (docs/concepts/admission.md#contention). The procedures below are what a call
 -- outside a transaction runs: a settle or an enqueue that finds its one pool's row locked
 -- by another call does not wait for it. The settle ends its entry and leaves the release
--- in pools_owedrelease; the enqueue puts its entry in line. The holder of the lock admits
+-- in pools_owedwork (pools_owe_v8); the enqueue puts its entry in line. The holder of the lock admits
 -- for everyone: pools_admit_v8 subtracts owed releases first, and every call that held a
 -- pool's lock looks again right after it commits (pools_recheck_v8), as does a call that
 -- left work, after its own commit. So no work waits for a lock holder that has already
@@ -563,8 +567,41 @@ $$;
 -- Results come back as one jsonb array of the output rows (pools_out_v8's columns), in
 -- the INOUT argument o_rows.
 
+-- Leave work owed to the holder of pool p_pool's lock (a release of p_slots, or with 0 an
+-- admission pass) in one of the pool's 16 rows of pools_owedwork that no other call holds
+-- (a holder taking the work, or another call leaving some): updates of a few rows that
+-- touch no index (HOT), not an insert and a delete per call, whose dead index entries
+-- every look for owed work would walk until a vacuum. The pool's rows are made by its
+-- first owed work; when all 16 are held, the call waits for its connection's own row.
+CREATE OR REPLACE FUNCTION pools_owe_v8(p_pool bigint, p_slots integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    FOR attempt IN 1 .. 2 LOOP
+        SELECT o.id INTO v_id FROM pools_owedwork o
+         WHERE o.pool_id = p_pool
+         ORDER BY (o.slot + pg_backend_pid()) % 16
+         LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            UPDATE pools_owedwork o SET slots = o.slots + p_slots, pending = true
+             WHERE o.id = v_id;
+            RETURN;
+        END IF;
+        EXIT WHEN attempt = 2;
+        INSERT INTO pools_owedwork (pool_id, slot, slots, pending)
+        SELECT p_pool, s, 0, false FROM generate_series(0, 15) s
+        ON CONFLICT (pool_id, slot) DO NOTHING;
+    END LOOP;
+    INSERT INTO pools_owedwork AS o (pool_id, slot, slots, pending)
+    VALUES (p_pool, pg_backend_pid() % 16, p_slots, true)
+    ON CONFLICT (pool_id, slot) DO UPDATE SET slots = o.slots + EXCLUDED.slots, pending = true;
+END
+$$;
+
 -- After a commit: while a pool named in p_pools has work owed to its lock holder (rows of
--- pools_owedrelease), lock those pools without waiting (a pool locked by another call is
+-- pools_owedwork), lock those pools without waiting (a pool locked by another call is
 -- left to that call, which looks again after its commit), admit (pools_admit_v8, which
 -- takes the owed work) and commit. Appends the rows to o_rows. After 50 rounds it stops
 -- and adds a 'wake' row due now for the pools that still have work (the caller runs a
@@ -583,7 +620,7 @@ BEGIN
         PERFORM set_config('lock_timeout', p_lock_ms || 'ms', true);
         SELECT array_agg(p.id ORDER BY p.name) INTO v_work FROM pools_pool p
          WHERE p.name = ANY(p_pools)
-           AND EXISTS (SELECT 1 FROM pools_owedrelease o WHERE o.pool_id = p.id);
+           AND EXISTS (SELECT 1 FROM pools_owedwork o WHERE o.pool_id = p.id AND o.pending);
         EXIT WHEN v_work IS NULL;
         IF i > 50 THEN
             SELECT jsonb_agg(to_jsonb(w)) INTO v_rows
@@ -638,7 +675,7 @@ BEGIN
                                          p_root, p_parent, p_attempt, p_fairness_key,
                                          ARRAY[v_pool]);
                 -- Owed to the holder: an admission pass (no slots to release).
-                INSERT INTO pools_owedrelease (pool_id, slots) VALUES (v_pool, 0);
+                PERFORM pools_owe_v8(v_pool, 0);
                 SELECT jsonb_agg(to_jsonb(x)) INTO o_rows
                   FROM pools_enqueued_v8(v_entry, p_key, p_demand, p_now, p_events) x;
                 COMMIT;
@@ -659,7 +696,7 @@ $$;
 
 -- pools_settle_v8 for a call outside a transaction. An entry of one pool without a rate,
 -- spend cap or pending capacity, whose row another call holds, is ended without waiting
--- (pools_finish_v8) and its slots are owed (pools_owedrelease): the holder subtracts them
+-- (pools_finish_v8) and its slots are owed (pools_owe_v8): the holder subtracts them
 -- and admits. Anything else runs pools_settle_v8. Then pools_recheck_v8 over its pools.
 CREATE OR REPLACE PROCEDURE pools_settle_call_v8(
     p_entry bigint, p_token bigint, p_outcome text, p_reason text, p_live boolean,
@@ -689,8 +726,7 @@ BEGIN
                     o_rows := '[]'::jsonb;
                     RETURN;
                 END IF;
-                INSERT INTO pools_owedrelease (pool_id, slots)
-                VALUES (v_pool, (v_demand ->> v_name)::int);
+                PERFORM pools_owe_v8(v_pool, (v_demand ->> v_name)::int);
                 SELECT jsonb_agg(to_jsonb(x)) INTO o_rows
                   FROM pools_settled_v8(p_entry, p_token, f.o_key, v_demand, f.o_state,
                                         f.o_job, p_now, p_events) x;
