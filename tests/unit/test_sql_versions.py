@@ -30,7 +30,7 @@ INITIAL = "0001_release_0_1_0"
 PINNED = {
     "baseline-0.1.0.sql": "559ed9dc40c5f9f58983e54906bf670e662b70c926bfc7e2bef590b37227955d",
     "deltas/0.2.0_contention.sql": "45058c454d2f11c9cdb9a3404f87ebe126f10b9b6f4aaa3d0007de474b7474cb",
-    "deltas/0.2.0_owed_slots.sql": "acd097320cceec39dbd39e7dfe6aae941b27681d0da6ba902d1a4058e180a381",
+    "deltas/0.2.0_owed_slots.sql": "1757368f2b298770ce3ebceb49b483349a53c484905f46b036756edf62b66872",
 }
 
 FREEZE = (

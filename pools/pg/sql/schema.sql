@@ -568,32 +568,27 @@ $$;
 -- the INOUT argument o_rows.
 
 -- Leave work owed to the holder of pool p_pool's lock (a release of p_slots, or with 0 an
--- admission pass) in one of the pool's 16 rows of pools_owedwork that no other call holds
--- (a holder taking the work, or another call leaving some): updates of a few rows that
--- touch no index (HOT), not an insert and a delete per call, whose dead index entries
--- every look for owed work would walk until a vacuum. The pool's rows are made by its
--- first owed work; when all 16 are held, the call waits for its connection's own row.
+-- admission pass) in one of the pool's rows of pools_owedwork (at most 16) that no other
+-- call holds (a holder taking the work, or another call leaving some): updates of a few
+-- rows that touch no index (HOT), not an insert and a delete per call, whose dead index
+-- entries every look for owed work would walk until a vacuum. When every row is held, or
+-- the pool has none yet, the call writes its connection's own row (slot: backend pid mod
+-- 16), made if missing; only a call on the same slot can make it wait, for its commit.
 CREATE OR REPLACE FUNCTION pools_owe_v8(p_pool bigint, p_slots integer)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
 BEGIN
-    FOR attempt IN 1 .. 2 LOOP
-        SELECT o.id INTO v_id FROM pools_owedwork o
-         WHERE o.pool_id = p_pool
-         ORDER BY (o.slot + pg_backend_pid()) % 16
-         LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            UPDATE pools_owedwork o SET slots = o.slots + p_slots, pending = true
-             WHERE o.id = v_id;
-            RETURN;
-        END IF;
-        EXIT WHEN attempt = 2;
-        INSERT INTO pools_owedwork (pool_id, slot, slots, pending)
-        SELECT p_pool, s, 0, false FROM generate_series(0, 15) s
-        ON CONFLICT (pool_id, slot) DO NOTHING;
-    END LOOP;
+    SELECT o.id INTO v_id FROM pools_owedwork o
+     WHERE o.pool_id = p_pool
+     ORDER BY (o.slot + pg_backend_pid()) % 16
+     LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE pools_owedwork o SET slots = o.slots + p_slots, pending = true
+         WHERE o.id = v_id;
+        RETURN;
+    END IF;
     INSERT INTO pools_owedwork AS o (pool_id, slot, slots, pending)
     VALUES (p_pool, pg_backend_pid() % 16, p_slots, true)
     ON CONFLICT (pool_id, slot) DO UPDATE SET slots = o.slots + EXCLUDED.slots, pending = true;
