@@ -400,7 +400,9 @@ def bounded(what: str) -> Iterator[None]:
 def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
     """Open a bounded transaction holding the row locks of ``names`` (in name order).
 
-    Database errors and lock timeouts surface as :class:`PoolUnavailable`.
+    Database errors and lock timeouts surface as :class:`PoolUnavailable`. On PostgreSQL
+    the holder looks again for work left to it after its commit, or after its rollback
+    (docs/concepts/admission.md#contention-the-lock-holder-admits-for-everyone).
     """
     wanted = sorted(set(names))
     if connection.vendor != "postgresql":
