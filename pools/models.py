@@ -482,7 +482,7 @@ class OwedWork(models.Model):
     A settle or an enqueue that finds the pool locked does not wait: it ends its entry, or
     puts it in line, and leaves the rest here (``pools_owe`` in ``pools/pg/sql/schema.sql``);
     the next call that holds the lock takes it (subtracts the slots from :attr:`Pool.held`
-    and admits for everyone: ``pools_admit``, :func:`pools.core.held.take_owed`), and every
+    and admits for everyone: ``pools_admit``, :func:`pools.core.held.apply_owed`), and every
     holder looks for such work again after it commits
     (docs/concepts/admission.md#contention). Each pool has at most 16 rows (``slot``), which
     calls update in place and take without waiting for each other (``SKIP LOCKED``): no

@@ -16,7 +16,7 @@ from django.db.models import Case, F, Value, When
 from pools import conf
 from pools.core import backoff_ends, eligibility, events, nodes, spendcap, strategies, windows
 from pools.core.ending import expire_entries
-from pools.core.held import change_held, held_by_pool
+from pools.core.held import apply_owed, change_held, held_by_pool
 from pools.core.records import Admission, Finished
 from pools.models import Demand, Pool, QueueEntry
 from pools.pool_names import NAMED_RANK, gate_rank
@@ -48,6 +48,9 @@ def admit_locked(pools: dict[str, Pool], now: datetime) -> PassResult:
     """Admit every entry that fits, in line order, in the pools locked by the caller."""
     result = PassResult()
     by_id = {p.pk: p for p in pools.values()}
+    # Releases (and passes) owed by calls that found these pools locked (PostgreSQL): taken
+    # first, so this pass admits with those slots free.
+    apply_owed(by_id.values())
     held = held_by_pool(by_id)
     free = {pid: p.slots - held.get(pid, 0) for pid, p in by_id.items()}
     lease = timedelta(seconds=conf.get().LEASE_SECONDS)

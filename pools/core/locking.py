@@ -400,23 +400,51 @@ def bounded(what: str) -> Iterator[None]:
 def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
     """Open a bounded transaction holding the row locks of ``names`` (in name order).
 
-    Database errors and lock timeouts surface as :class:`PoolUnavailable`.
+    Database errors and lock timeouts surface as :class:`PoolUnavailable`. On PostgreSQL
+    the holder looks again for work left to it after its commit, or after its rollback
+    (docs/concepts/admission.md#contention-the-lock-holder-admits-for-everyone).
     """
     wanted = sorted(set(names))
-    with bounded(f"pools {', '.join(wanted)}"):
-        if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql":
+        with bounded(f"pools {', '.join(wanted)}"):
             pools = list(Pool.objects.select_for_update().filter(name__in=wanted).order_by("name"))
             yield {p.name: p for p in pools}
-            return
-        # FOR NO KEY UPDATE: a call that found a pool locked may insert rows referencing it
-        # (their foreign-key check takes KEY SHARE) without waiting for this transaction.
-        # Work calls that found these pools locked left to the holder (owed releases count
-        # as held until then): the stored procedure takes it after this commit.
-        locked = Pool.objects.select_for_update(no_key=True).filter(name__in=wanted)
-        pools = list(locked.order_by("name"))
-        for hook in _after_locks:
-            transaction.on_commit(lambda hook=hook: hook(wanted))  # type: ignore[misc]
-        yield {p.name: p for p in pools}
+        return
+    held = False
+    try:
+        with bounded(f"pools {', '.join(wanted)}"):
+            # FOR NO KEY UPDATE: a call that found a pool locked may insert rows referencing
+            # it (their foreign-key check takes KEY SHARE) without waiting for this
+            # transaction. Work calls that found these pools locked left to the holder (owed
+            # releases count as held until then): the stored procedure takes it after this
+            # commit.
+            locked = Pool.objects.select_for_update(no_key=True).filter(name__in=wanted)
+            pools = list(locked.order_by("name"))
+            held = True
+            for hook in _after_locks:
+                transaction.on_commit(lambda hook=hook: hook(wanted))  # type: ignore[misc]
+            yield {p.name: p for p in pools}
+    except Exception:
+        if held:
+            _look_after_rollback(wanted)
+        raise
+
+
+def _look_after_rollback(names: list[str]) -> None:
+    """The transaction that held the locks of ``names`` rolled back (a refusal raised under
+    the locks, an error): its look after commit went with it, but calls that found those
+    pools locked may have left work to it meanwhile, and they looked only while it held
+    the locks. Look now (the locks are free), or after the caller's commit when the
+    rollback was of a savepoint inside the caller's transaction. Never raises: the error
+    that rolled back is the caller's."""
+    for hook in _after_locks:
+        if connection.in_atomic_block:
+            transaction.on_commit(lambda hook=hook: hook(names))  # type: ignore[misc]
+            continue
+        try:
+            hook(names)
+        except Exception:  # pragma: no cover - the hooks log their own failures
+            logger.warning("pools %s: the look after a rollback failed", ", ".join(names))
 
 
 #: What runs after a commit that held pool locks on PostgreSQL, with the pools' names: the

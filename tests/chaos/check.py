@@ -379,5 +379,9 @@ def starved_heads(
 #: after that wait while a release is recorded before its own: under the chaos run's load
 #: (9 pool processes, beat and the faults on 2 cores) that skew alone reached 155 ms once
 #: (2026-12-06). Its count starts at 500 ms: a multi-pool wake-up lost until the sweep
-#: (every second here) is still seen when it waits half a sweep or more.
+#: (every second here) is still seen when it waits half a sweep or more. (Issue 31: a run
+#: with the Python pass's take of owed work disabled showed a multi-pool head waiting
+#: 156 ms for a release owed behind a train of Python passes that did not take it; they
+#: take it now. Multi-pool heads still wait behind such a train's lock waits: up to 95 ms
+#: in three runs with the take, 2026-12-06.)
 MULTI_POOL_THRESHOLD = 0.5

@@ -867,9 +867,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({', '.join(f'{t} {len(e)}' for t, e in sorted(again.items()))})"
         )
     for episode in starved[:10]:
-        # Reported, not failed on (yet): under this run's load one-pool heads were seen
-        # waiting 155-176 ms in 2 of 4 runs on 2026-12-06 (issue 31, open).
-        print(f"LATE WAKE-UP: {episode} (from t={episode.start:.3f})")
+        print(f"VIOLATION: lost wake-up: {episode} (from t={episode.start:.3f})")
     for fault in run.faults:
         print(
             f"  fault {fault.kind:<13} at {fault.at:4.0%} done, took {fault.ended - fault.started:4.1f}s,"
@@ -888,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         bool(violations)
         or bool(mismatched)
         or too_many
+        or bool(starved)
         or lost > 0
         or bool(pending)
         or (args.strict_drain and bool(left))

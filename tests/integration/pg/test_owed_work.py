@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.utils import timezone
 
-from pools.core import admission, locking, sweeps
+from pools.core import admission, admission_pass, dispatch, locking, pass_runs, sweeps
 from pools.models import OwedWork, Pool, QueueEntry
 from pools.states import EntryState
 from tests.conftest import POOL_APPS
@@ -123,6 +124,59 @@ def test_owed_work__an_enqueue_puts_its_entry_in_line_for_the_lock_holder(
     assert (recorder.keys() == ["a"]) is look_again
 
 
+#: A holder that rolls back looks again after the rollback, and its sabotage twin (not).
+ROLLBACK_LOOKS = pytest.mark.parametrize(
+    "look_after_rollback", [True, False], ids=["look", "sabotage-no-look-after-rollback"]
+)
+
+
+@ROLLBACK_LOOKS
+def test_owed_work__a_holder_that_rolls_back_still_looks_again(
+    recorder: RecordingBridge, monkeypatch: pytest.MonkeyPatch, look_after_rollback: bool
+) -> None:
+    """A holder whose transaction rolls back (a refusal raised under the locks, as
+    ``cancel`` raises ``NotCancellable``; an error) loses its look after commit with the
+    transaction; the settle that found the pool locked looked only while it was held. The
+    holder looks after its rollback instead: the release is taken and the next entry
+    admitted with no further call on the pool."""
+    if not look_after_rollback:
+        monkeypatch.setattr(locking, "_look_after_rollback", lambda names: None)
+    make_pool("p", 1)
+    submit("p", key="run")
+    submit("p", key="next")
+    run = recorder.admissions[0]
+    locked, release = threading.Event(), threading.Event()
+    raised: list[BaseException] = []
+
+    def hold_then_fail() -> None:
+        try:
+            with locking.locked_pools(["p"]):
+                locked.set()
+                release.wait(30)
+                raise LookupError("refused under the lock")
+        except LookupError as exc:
+            raised.append(exc)
+        finally:
+            locked.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=hold_then_fail, daemon=True)
+    thread.start()
+    assert locked.wait(10), "the holder did not get the lock"
+    try:
+        assert admission.settle(run.entry_id, run.token, "succeeded") is True
+        assert owed() == (1, True)
+    finally:
+        release.set()
+        thread.join(30)
+    assert not thread.is_alive() and len(raised) == 1, "the holder's error is its caller's"
+    admitted = QueueEntry.objects.get(key="next").state == EntryState.ADMITTED
+    assert admitted is look_after_rollback
+    assert owed()[1] is not look_after_rollback
+    assert (recorder.keys() == ["run", "next"]) is look_after_rollback
+    assert sweeps.check_held() == 0
+
+
 def test_owed_work__the_next_call_takes_what_a_foreign_holder_left(
     recorder: RecordingBridge,
 ) -> None:
@@ -151,3 +205,70 @@ def test_owed_work__the_next_call_takes_what_a_foreign_holder_left(
     assert recorder.keys() == ["run", "b", "c"]
     assert owed() == (0, False)
     assert Pool.objects.get(name="p").held == 2
+
+
+#: The Python pass takes owed work itself, and its sabotage twin (it does not).
+TAKES = pytest.mark.parametrize("takes_owed", [True, False], ids=["takes", "sabotage-no-take"])
+
+
+@TAKES
+def test_owed_work__a_python_pass_takes_an_owed_release_and_admits_a_multi_pool_head(
+    recorder: RecordingBridge, monkeypatch: pytest.MonkeyPatch, takes_owed: bool
+) -> None:
+    """A Python pass (``admit_locked`` under ``locked_pools``, as a fallback pass or the
+    sweep runs it) over a multi-pool set, while a settle of a one-pool entry finds one of
+    those pools locked and leaves its release owed: the pass takes the release first and
+    admits the multi-pool head waiting for those slots in the same pass. Without that
+    (the twin) the head waits for the chain after the commit: the holder's look again
+    takes the release in SQL, which hands the multi-pool head back to a Python pass."""
+    if not takes_owed:
+        monkeypatch.setattr(admission_pass, "apply_owed", lambda pools: None)
+    make_pool("a", 1)
+    make_pool("c", 2)
+    submit("c", 2, key="run")
+    assert not submit({"a": 1, "c": 2}, key="multi").admitted
+    run = recorder.admissions[0]
+    locked, settled = threading.Event(), threading.Event()
+    passes: list[admission_pass.PassResult] = []
+    errors: list[BaseException] = []
+
+    def python_pass() -> None:
+        try:
+            with locking.locked_pools(["a", "c"]) as pools:
+                locked.set()
+                assert settled.wait(10), "the settle did not come"
+                step = admission_pass.admit_locked(pools, timezone.now())
+                passes.append(step)
+                dispatch.after_commit(
+                    step.admissions, step.finished, step.wake, requeue=pass_runs.requeue_unpublished
+                )
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+        finally:
+            locked.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=python_pass, daemon=True)
+    thread.start()
+    assert locked.wait(10), "the pass did not get the locks"
+    try:
+        settled_, seconds = timed(lambda: admission.settle(run.entry_id, run.token, "succeeded"))
+        assert settled_ is True
+        assert seconds < 2, f"the settle waited {seconds:.2f}s for the lock"
+        assert sum(OwedWork.objects.filter(pending=True).values_list("slots", flat=True)) == 2
+    finally:
+        settled.set()
+        thread.join(30)
+    assert not thread.is_alive() and not errors, errors
+    in_the_pass = [a.key for a in passes[0].admissions]
+    assert in_the_pass == (["multi"] if takes_owed else [])
+    # Either way it is admitted in the end (without the take: by the chain after the
+    # commit), the release is taken once and the counters agree with the holders.
+    assert QueueEntry.objects.get(key="multi").state == EntryState.ADMITTED
+    assert recorder.keys() == ["run", "multi"]
+    assert not OwedWork.objects.filter(pending=True).exists()
+    assert dict(Pool.objects.filter(name__in=["a", "c"]).values_list("name", "held")) == {
+        "a": 1,
+        "c": 2,
+    }
+    assert sweeps.check_held() == 0
