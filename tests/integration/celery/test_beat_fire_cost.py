@@ -33,8 +33,9 @@ pytestmark = [
 FIRE = {"periodic_task_name": "skipper"}
 
 
-#: A pool row lock: ``FOR UPDATE``, or ``FOR NO KEY UPDATE`` on PostgreSQL.
-LOCKS = re.compile(r"FOR (NO KEY )?UPDATE")
+#: A pool row lock: ``FOR UPDATE``, or ``FOR NO KEY UPDATE`` on PostgreSQL, of rows read
+#: from the pool table (not the take of owed work, which locks rows of its own table).
+LOCKS = re.compile(r'FROM "?pools_pool"? .*FOR (NO KEY )?UPDATE', re.S)
 
 
 def locked_statements(queries: CaptureQueriesContext) -> int:
