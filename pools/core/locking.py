@@ -415,9 +415,10 @@ def locked_pools(names: Iterable[str]) -> Iterator[dict[str, Pool]]:
         with bounded(f"pools {', '.join(wanted)}"):
             # FOR NO KEY UPDATE: a call that found a pool locked may insert rows referencing
             # it (their foreign-key check takes KEY SHARE) without waiting for this
-            # transaction. Work calls that found these pools locked left to the holder (owed
-            # releases count as held until then): the stored procedure takes it after this
-            # commit.
+            # transaction. Work that calls which found these pools locked left to the holder
+            # (owed releases count as held until then) is taken by the admission pass run
+            # under these locks (held.apply_owed), and looked for again after the commit or
+            # the rollback (the hooks below).
             locked = Pool.objects.select_for_update(no_key=True).filter(name__in=wanted)
             pools = list(locked.order_by("name"))
             held = True
