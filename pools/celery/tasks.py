@@ -29,8 +29,11 @@ def sweep() -> dict[str, int]:
 def admit(pools: list[str]) -> int:
     """Timed wake-up: reclaim lapsed leases, then run admission over ``pools``.
 
-    Sent for a head whose ``not_before`` arrives and for a lease about to lapse.
+    Sent for a head whose ``not_before`` arrives and for a lease about to lapse. Every
+    process that saw such a time sends its own; on PostgreSQL the pass does not queue
+    behind a process holding the pools' locks, it is left to that process
+    (:func:`pools.core.admission.wake`).
     """
     locking.drop_broken_connection()
     sweeps.reclaim(timezone.now())
-    return len(admission.admit(pools))
+    return len(admission.wake(pools))

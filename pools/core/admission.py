@@ -143,3 +143,10 @@ def requeue(
 def admit(names: Iterable[str]) -> list[Admission]:
     """Run an admission pass over the named pools; returns what was admitted."""
     return engine().admit(names)
+
+
+def wake(names: Iterable[str]) -> list[Admission]:
+    """A timed wake-up's admission pass over the named pools: run now, or (PostgreSQL)
+    left to a process holding their locks, which runs it after its commit; returns what
+    this call admitted."""
+    return engine().wake(names)

@@ -72,6 +72,11 @@ class Engine(Protocol):
         """Run an admission pass over the named pools."""
         ...
 
+    def wake(self, names: Iterable[str]) -> list[Admission]:
+        """A timed wake-up's admission pass over ``names``: run now, or left to whoever
+        holds those pools' locks (who runs it after their commit)."""
+        ...
+
 
 def configured() -> Engine:
     """The engine the settings and the vendor call for, without reading the database.

@@ -21,9 +21,16 @@ from pools import conf
 from pools.core import dispatch, events, rated_pools, settling
 from pools.core.engines.orm import OrmEngine
 from pools.core.enqueueing import shown
-from pools.core.pass_runs import admit_after_settle, admit_later, follow_up, requeue_unpublished
+from pools.core.pass_runs import (
+    admit,
+    admit_after_settle,
+    admit_later,
+    follow_up,
+    requeue_unpublished,
+)
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.exceptions import DemandExceedsCapacity, PoolFull, UnknownPool
+from pools.models import Pool
 from pools.pg import fastpath, functions
 
 logger = logging.getLogger("pools.core.admission")
@@ -129,6 +136,12 @@ class PostgresEngine(OrmEngine):
         """One call of the settle function, then the passes it hands to the ORM engine."""
         return _settle_in_one_call(entry_id, token, outcome, reason, live_lease)
 
+    def wake(self, names: Iterable[str]) -> list[Admission]:
+        """A timed wake-up that never queues for a lock: :func:`wake`."""
+        if connection.in_atomic_block:
+            return super().wake(names)
+        return wake(names)
+
 
 #: The PostgreSQL engine (it keeps no state; pools' own connection is :mod:`fastpath`'s).
 POSTGRESQL = PostgresEngine()
@@ -211,6 +224,36 @@ def _call(base: str, pools: list[str] | None, params: list[Any], *, what: str) -
     return reply
 
 
+def wake(names: Iterable[str]) -> list[Admission]:
+    """A timed wake-up's pass over ``names``, left to the lock holder when there is one.
+
+    Every process that saw a head due later schedules its own wake-up for that time, so
+    several arrive together; as passes they would queue on the pools' locks one behind
+    the other (a convoy that delays every settle of those pools). Instead each commits an
+    owed pass (:func:`fastpath.owe_pass`) and looks as a holder does after its commit
+    (:func:`recheck`, which skips a locked pool): the first admits, the others find the
+    pools locked or the work taken, and a holder that took the locks before the owed pass
+    committed runs it after its own commit. A head the function hands to the ORM engine
+    (a multi-pool head, ...) gets its Python pass from :func:`recheck`, as after a settle.
+    A pool whose backoff has ended gets the Python pass at once (the functions skip a
+    paused pool; that pass resumes it): one wake-up per backoff, nothing to queue behind.
+    """
+    wanted = sorted(set(names))
+    if not wanted:
+        return []
+    resuming = set(
+        Pool.objects.filter(
+            name__in=wanted, paused=True, backoff_until__lte=timezone.now()
+        ).values_list("name", flat=True)
+    )
+    admissions = admit(resuming) if resuming else []
+    rest = [name for name in wanted if name not in resuming]
+    if rest:
+        fastpath.owe_pass(rest, what=f"pools {', '.join(rest)}")
+        admissions += recheck(rest)
+    return admissions
+
+
 def recheck(names: Iterable[str]) -> list[Admission]:
     """After a commit that held the row locks of ``names``: admit what calls that found
     those pools locked left to the holder (owed releases, entries put in line), and hand
@@ -230,8 +273,7 @@ def recheck(names: Iterable[str]) -> list[Admission]:
         what=f"pools {', '.join(wanted)}",
     )
     admissions = _on_commit(reply)
-    follow_up(set(handed_to_orm(reply=reply).pools))
-    return admissions
+    return admissions + follow_up(set(handed_to_orm(reply=reply).pools))
 
 
 def recheck_safely(names: Iterable[str]) -> None:

@@ -48,6 +48,7 @@ from pools.core.locking import (
     unavailable,
 )
 from pools.models import PoolEvent
+from pools.pg import functions
 
 
 def enabled() -> bool:
@@ -249,6 +250,24 @@ def call_procedure(procedure: str, params: Sequence[Any], *, what: str) -> Reply
         cursor.execute(query, args)
         row = cursor.fetchone()
     return _rows_of(row[0] if row else None, as_text=True)
+
+
+def owe_pass(names: Sequence[str], *, what: str) -> None:
+    """Leave an admission pass over pools ``names`` owed to their lock holders, committed
+    (``pools_owe`` with 0 slots, outside a transaction): a holder that took a pool's lock
+    before this commit looks for owed work after its own commit; the caller looks after
+    this one (:func:`pools.pg.engine.wake`). Unknown names are ignored."""
+    if connection.in_atomic_block:  # pragma: no cover - the engine checks first
+        raise RuntimeError("an owed pass must be committed before the caller looks again")
+    query = (
+        f"SELECT count({functions.name('owe')}(p.id, 0)) FROM pools_pool p WHERE p.name = ANY(%s)"
+    )
+    args = [list(names)]
+    if _own.enabled:
+        _execute_own(query, args, what)
+        return
+    with _outage(what), connection.cursor() as cursor:
+        cursor.execute(f"{BOUND}{query}", [*bound_params(), *args])
 
 
 def _rows_of(array: Any, *, as_text: bool) -> Reply:

@@ -357,9 +357,12 @@ def starved_heads(
     *,
     down: Iterable[tuple[float, float]] = (),
     uncounted_pools: Iterable[str] = (),
+    threshold: float = starvation.THRESHOLD,
+    multi_pool_threshold: float | None = None,
 ) -> list[starvation.Episode]:
     """Lost wake-ups: due heads that waited over 100 ms with their slots free (an entry of
-    several pools: over :data:`MULTI_POOL_THRESHOLD`).
+    several pools: over :data:`MULTI_POOL_THRESHOLD`). With ``threshold=0`` and
+    ``multi_pool_threshold=0``: every such wait, however short (the margin, in the summary).
 
     ``down``: ``(from, to)`` windows when the database was down (:data:`DOWN_GRACE` is
     added after each); ``uncounted_pools``: pools whose entries are not counted (paused,
@@ -369,7 +372,14 @@ def starved_heads(
     excluded = [(a, b + DOWN_GRACE) for a, b in down]
     skip = set(uncounted_pools)
     found = starvation.starved_heads(
-        stays, holds, capacity, excluded=excluded, multi_pool_threshold=MULTI_POOL_THRESHOLD
+        stays,
+        holds,
+        capacity,
+        excluded=excluded,
+        threshold=threshold,
+        multi_pool_threshold=(
+            MULTI_POOL_THRESHOLD if multi_pool_threshold is None else multi_pool_threshold
+        ),
     )
     return [e for e in found if not skip & set(e.demand)]
 

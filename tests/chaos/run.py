@@ -653,9 +653,10 @@ def down_windows(faults: Sequence[Fault]) -> list[tuple[float, float]]:
     return [(f.started, f.ended + DOWN_FAULTS[f.kind]) for f in faults if f.kind in DOWN_FAULTS]
 
 
-def lost_wake_ups(run: Run) -> list[Episode]:
+def lost_wake_ups(run: Run, *, every: bool = False) -> list[Episode]:
     """Heads that waited over 100 ms with their slots free, by the database's own record
-    of every transition (:func:`tests.chaos.check.starved_heads`)."""
+    of every transition (:func:`tests.chaos.check.starved_heads`); with ``every``, each
+    such wait however short (the margin the summary prints)."""
     from django.db import connection
 
     from pools.core import events
@@ -681,8 +682,36 @@ def lost_wake_ups(run: Run) -> list[Episode]:
         *Pool.objects.exclude(rate="").values_list("name", flat=True),
         *PoolEvent.objects.filter(kind=EventKind.BACKOFF).values_list("pool", flat=True),
     }
+    limits = {"threshold": 0.0, "multi_pool_threshold": 0.0} if every else {}
     return starved_heads(
-        stream, waiters, POOLS, down=down_windows(run.faults), uncounted_pools=uncounted
+        stream,
+        waiters,
+        POOLS,
+        down=down_windows(run.faults),
+        uncounted_pools=uncounted,
+        **limits,
+    )
+
+
+def _due(episode: Episode) -> str:
+    """How the entry of ``episode`` came into line: sent (with its task), or due at a time."""
+    from pools.models import QueueEntry
+
+    entry = QueueEntry.objects.filter(queue_id=episode.entry).first()
+    if entry is None:
+        return ""
+    due = (
+        f", due at t={entry.not_before.timestamp():.3f}" if entry.not_before is not None else ""
+    )
+    return f" [{entry.task_name}{due}]"
+
+
+def margin(waits: Sequence[Episode]) -> str:
+    """The longest waits with free slots, of one-pool and of multi-pool heads (ms)."""
+    one = max((e.seconds for e in waits if len(e.demand) == 1), default=0.0)
+    several = max((e.seconds for e in waits if len(e.demand) > 1), default=0.0)
+    return (
+        f"longest wait with free slots {one * 1000:.0f} ms, several pools {several * 1000:.0f} ms"
     )
 
 
@@ -823,6 +852,7 @@ def main(argv: list[str] | None = None) -> int:
     allowance = readmission_allowance((f.kind for f in run.faults), args.concurrency)
     too_many = allowance is not None and again_total > allowance
     starved = lost_wake_ups(run)
+    waits = lost_wake_ups(run, every=True)
     peaks = max_overlap(bodies)
     recoveries = [
         (r, f.kind) for f in run.faults if (r := recovery(f, bodies, run.submitted_at)) is not None
@@ -846,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{f' (faults explain {allowance})' if allowance is not None else ''}"
         f"{' ' + str({t: len(e) for t, e in sorted(again.items())}) if again else ''}; "
         f"slowest recovery {slowest[0]:.1f}s ({slowest[1]}); "
-        f"starved heads {len(starved)}; "
+        f"starved heads {len(starved)} ({margin(waits)}); "
         f"restarted by the supervisor: {dict(run.restarted) or 'none'}; "
         + (
             f"resumed past the lease: {len(resumed)} bodies, stopped {max(resumed) * 1000:.0f} ms "
@@ -868,6 +898,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     for episode in starved[:10]:
         print(f"VIOLATION: lost wake-up: {episode} (from t={episode.start:.3f})")
+    for episode in sorted(waits, key=lambda e: -e.seconds)[:5]:
+        print(f"  longest waits: {episode} (from t={episode.start:.3f}){_due(episode)}")
     for fault in run.faults:
         print(
             f"  fault {fault.kind:<13} at {fault.at:4.0%} done, took {fault.ended - fault.started:4.1f}s,"

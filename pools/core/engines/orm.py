@@ -75,6 +75,10 @@ class OrmEngine:
         """An admission pass over ``names`` in its own transaction."""
         return pass_runs.admit(names)
 
+    def wake(self, names: Iterable[str]) -> list[Admission]:
+        """A wake-up's pass: the same pass (it waits for the locks)."""
+        return pass_runs.admit(names)
+
 
 #: The ORM engine (it keeps no state).
 ORM = OrmEngine()

@@ -58,7 +58,7 @@ def test_backoff__entry_waits_at_the_head_and_the_pool_admits_nothing_until_its_
     assert (["p"], done.until) in recorder.wakes
     # Its end comes: the wake-up's pass resumes the pool; a kept its place ahead of c and d.
     time_passes("p")
-    assert [x.key for x in admission.admit(["p"])] == ["a", "c"]
+    assert [x.key for x in admission.wake(["p"])] == ["a", "c"]
     pool = Pool.objects.get(name="p")
     assert not pool.paused and pool.backoff_until is None
     kinds = list(PoolEvent.objects.filter(kind=EventKind.BACKOFF).values_list("pool", "entry_id"))

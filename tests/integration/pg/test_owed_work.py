@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from django.utils import timezone
 
 from pools.core import admission, admission_pass, dispatch, locking, pass_runs, sweeps
 from pools.models import OwedWork, Pool, QueueEntry
+from pools.pg import fastpath
 from pools.states import EntryState
 from tests.conftest import POOL_APPS
 from tests.support.bridge import RecordingBridge
@@ -37,17 +39,26 @@ LOOKS = pytest.mark.parametrize("look_again", [True, False], ids=["look", "sabot
 
 
 @contextmanager
-def held_by_one_of_ours(name: str) -> Iterator[None]:
-    """Another thread holds pool ``name`` through :func:`locking.locked_pools` (as an ORM
-    pass or the sweep does) until the block ends; then it commits, and looks again."""
+def held_by_one_of_ours(
+    names: str | list[str],
+    then: Callable[[dict[str, Pool]], None] | None = None,
+    *,
+    raises: type[BaseException] | None = None,
+) -> Iterator[None]:
+    """Another thread holds pools ``names`` through :func:`locking.locked_pools` (as an ORM
+    pass or the sweep does) until the block ends; then it runs ``then`` under the locks (a
+    pass, a refusal that rolls back), commits or rolls back, and looks again. ``raises``:
+    the error ``then`` must raise (the holder's own, not the test's)."""
     locked, release = threading.Event(), threading.Event()
     errors: list[BaseException] = []
 
     def hold() -> None:
         try:
-            with locking.locked_pools([name]):
+            with locking.locked_pools([names] if isinstance(names, str) else names) as pools:
                 locked.set()
-                release.wait(30)
+                assert release.wait(30), "the test did not end its block"
+                if then is not None:
+                    then(pools)
         except BaseException as exc:  # reported by the test
             errors.append(exc)
         finally:
@@ -62,7 +73,9 @@ def held_by_one_of_ours(name: str) -> Iterator[None]:
     finally:
         release.set()
         thread.join(30)
-    assert not thread.is_alive() and not errors, errors
+    assert not thread.is_alive()
+    expected = [type(e) for e in errors] == ([raises] if raises else [])
+    assert expected, errors
 
 
 def no_look(monkeypatch: pytest.MonkeyPatch, look_again: bool) -> None:
@@ -145,31 +158,13 @@ def test_owed_work__a_holder_that_rolls_back_still_looks_again(
     submit("p", key="run")
     submit("p", key="next")
     run = recorder.admissions[0]
-    locked, release = threading.Event(), threading.Event()
-    raised: list[BaseException] = []
 
-    def hold_then_fail() -> None:
-        try:
-            with locking.locked_pools(["p"]):
-                locked.set()
-                release.wait(30)
-                raise LookupError("refused under the lock")
-        except LookupError as exc:
-            raised.append(exc)
-        finally:
-            locked.set()
-            connections.close_all()
+    def fail(pools: dict[str, Pool]) -> None:
+        raise LookupError("refused under the lock")
 
-    thread = threading.Thread(target=hold_then_fail, daemon=True)
-    thread.start()
-    assert locked.wait(10), "the holder did not get the lock"
-    try:
+    with held_by_one_of_ours("p", fail, raises=LookupError):
         assert admission.settle(run.entry_id, run.token, "succeeded") is True
         assert owed() == (1, True)
-    finally:
-        release.set()
-        thread.join(30)
-    assert not thread.is_alive() and len(raised) == 1, "the holder's error is its caller's"
     admitted = QueueEntry.objects.get(key="next").state == EntryState.ADMITTED
     assert admitted is look_after_rollback
     assert owed()[1] is not look_after_rollback
@@ -228,38 +223,20 @@ def test_owed_work__a_python_pass_takes_an_owed_release_and_admits_a_multi_pool_
     submit("c", 2, key="run")
     assert not submit({"a": 1, "c": 2}, key="multi").admitted
     run = recorder.admissions[0]
-    locked, settled = threading.Event(), threading.Event()
     passes: list[admission_pass.PassResult] = []
-    errors: list[BaseException] = []
 
-    def python_pass() -> None:
-        try:
-            with locking.locked_pools(["a", "c"]) as pools:
-                locked.set()
-                assert settled.wait(10), "the settle did not come"
-                step = admission_pass.admit_locked(pools, timezone.now())
-                passes.append(step)
-                dispatch.after_commit(
-                    step.admissions, step.finished, step.wake, requeue=pass_runs.requeue_unpublished
-                )
-        except BaseException as exc:  # reported by the test
-            errors.append(exc)
-        finally:
-            locked.set()
-            connections.close_all()
+    def python_pass(pools: dict[str, Pool]) -> None:
+        step = admission_pass.admit_locked(pools, timezone.now())
+        passes.append(step)
+        dispatch.after_commit(
+            step.admissions, step.finished, step.wake, requeue=pass_runs.requeue_unpublished
+        )
 
-    thread = threading.Thread(target=python_pass, daemon=True)
-    thread.start()
-    assert locked.wait(10), "the pass did not get the locks"
-    try:
+    with held_by_one_of_ours(["a", "c"], python_pass):
         settled_, seconds = timed(lambda: admission.settle(run.entry_id, run.token, "succeeded"))
         assert settled_ is True
         assert seconds < 2, f"the settle waited {seconds:.2f}s for the lock"
         assert sum(OwedWork.objects.filter(pending=True).values_list("slots", flat=True)) == 2
-    finally:
-        settled.set()
-        thread.join(30)
-    assert not thread.is_alive() and not errors, errors
     in_the_pass = [a.key for a in passes[0].admissions]
     assert in_the_pass == (["multi"] if takes_owed else [])
     # Either way it is admitted in the end (without the take: by the chain after the
@@ -272,3 +249,41 @@ def test_owed_work__a_python_pass_takes_an_owed_release_and_admits_a_multi_pool_
         "c": 2,
     }
     assert sweeps.check_held() == 0
+
+
+#: A wake-up leaves its pass to the lock holder; its twins: the holder does not look again,
+#: the wake-up does not leave the pass (it only looks). (A wake-up that queues for the lock,
+#: as before, fails the bound on its time: it waits until the holder's session is ended
+#: after LOCK_TIMEOUT_SECONDS idle, then admits itself.)
+WAKES = pytest.mark.parametrize(
+    "sabotage", [None, "no-look", "no-owe"], ids=["owed", "sabotage-no-look", "sabotage-no-owe"]
+)
+
+
+@WAKES
+def test_owed_work__a_wake_up_leaves_its_pass_to_the_lock_holder(
+    recorder: RecordingBridge, monkeypatch: pytest.MonkeyPatch, sabotage: str | None
+) -> None:
+    """Timed wake-ups (``pools.admit``) come together, one from each process that saw a
+    head due at that time: as passes they would queue on the pool's lock one behind the
+    other. A wake-up that finds the pool locked commits an owed pass and returns without
+    waiting; the holder runs that pass after its commit, and admits the head that came due."""
+    no_look(monkeypatch, sabotage != "no-look")
+    if sabotage == "no-owe":
+        monkeypatch.setattr(fastpath, "owe_pass", lambda names, what: None)
+    make_pool("p", 1)
+    due = timezone.now() + timedelta(seconds=0.3)
+    assert not submit("p", key="later", not_before=due).admitted
+    time.sleep(0.4)  # due now; no pass has run since
+    assert QueueEntry.objects.get(key="later").state == EntryState.WAITING
+    with held_by_one_of_ours("p"):
+        admitted, seconds = timed(lambda: admission.wake(["p"]))
+        assert seconds < 2, f"the wake-up waited {seconds:.2f}s for the lock"
+        assert admitted == []
+        assert QueueEntry.objects.get(key="later").state == EntryState.WAITING
+    admitted_after = QueueEntry.objects.get(key="later").state == EntryState.ADMITTED
+    assert admitted_after is (sabotage is None)
+    assert (recorder.keys() == ["later"]) is (sabotage is None)
+    if sabotage is None:
+        assert owed() == (0, False)
+        assert sweeps.check_held() == 0
