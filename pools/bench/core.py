@@ -40,6 +40,11 @@ server's ``max_connections``; behind PgBouncer in transaction mode they share it
 ``--rate`` gives the pool a rate (``"N/s|m|h|d"``, or several separated by commas): with
 one no run reaches (``100000/s``) every admission checks and records it but none is
 refused, so the figures beside a run without ``--rate`` are what the rate check costs.
+
+``--wakers K`` runs K more processes that each run a timed wake-up's admission of the pool
+every ``--wake-every`` ms, in bursts of K (:mod:`pools.bench.wakers`); ``--wake-mode pass``
+makes them the Python pass a wake-up ran before 0.2.0. It adds the wake-ups' count and
+time per call to the figures.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pools.bench import spread, w7_tables
+from pools.bench import wakers as wakers_mod
 
 #: Name of the pool this script creates (and deletes); with ``--pools K``, K pools
 #: (:mod:`pools.bench.spread`).
@@ -193,8 +199,12 @@ def run_once(
     depth: int = 0,
     rate: list[str] | None = None,
     pools: int | None = None,
+    wake: tuple[int, str, float] = (0, "wake", 0.0),
 ) -> dict[str, Any]:
     """One repetition with ``procs`` processes and ``cycles`` tasks in all.
+
+    ``wake``: ``(K, mode, every_ms)``, K processes of timed wake-ups beside them
+    (:mod:`pools.bench.wakers`); K = 0, none.
 
     ``pools``: spread the cycles over that many pools (:mod:`pools.bench.spread`) and add
     the per-pool and per-database figures; ``None`` is one pool and the figures W7 always
@@ -231,7 +241,13 @@ def run_once(
         ctx.Process(target=_worker, args=(each, own, barrier, out, i, procs, pool_names))
         for i in range(procs)
     ]
-    for child in children:
+    wakers, wake_mode, wake_every = wake
+    stop, wake_out = ctx.Event(), ctx.Queue()
+    waking = [
+        ctx.Process(target=wakers_mod.waker, args=(POOL, wake_mode, wake_every, stop, wake_out))
+        for _ in range(wakers)
+    ]
+    for child in [*children, *waking]:
         child.start()
     from pools.bench import database
 
@@ -243,6 +259,10 @@ def run_once(
     t0 = time.perf_counter()
     results = [out.get(timeout=600) for _ in children]
     elapsed = time.perf_counter() - t0
+    stop.set()
+    woken = [wake_out.get(timeout=60) for _ in waking]
+    for child in waking:
+        child.join()
     cpu1, share = cpu.snapshot(()), cpu.machine_share(machine0)
     barrier.wait()  # the children may now close their connections and exit
     for child in children:
@@ -277,6 +297,8 @@ def run_once(
             1000 * sum(r["backend_ticks"] for r in results) / hz / total, 3
         ),
     }
+    if wakers:
+        figures.update(wakers_mod.figures(woken, wake_mode, wake_every))
     if pools is None:
         return figures
     return {
@@ -302,6 +324,7 @@ def _repeat(
             depth=depth,
             rate=rate,
             pools=pools,
+            wake=(opts.wakers, opts.wake_mode, opts.wake_every),
         )
         for _ in range(opts.reps)
     ]
@@ -338,7 +361,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="spread the processes over K pools of N slots each, e.g. 1,10,100,1000; adds "
         "admissions/s per pool and the database's CPU (default: one pool, the usual figures)",
     )
+    parser.add_argument(
+        "--wakers",
+        type=int,
+        default=0,
+        help="K processes of timed wake-ups of the pool beside W7's (pools.bench.wakers)",
+    )
+    parser.add_argument("--wake-mode", choices=wakers_mod.MODES, default="wake")
+    parser.add_argument(
+        "--wake-every", type=float, default=20.0, help="ms between the wakers' bursts"
+    )
     opts = parser.parse_args(argv)
+    if opts.wakers and opts.pools is not None:
+        parser.error("--wakers wakes W7's one pool: use it without --pools")
     rate = [r.strip() for r in opts.rate.split(",") if r.strip()] if opts.rate else None
     depths = [int(d) for d in opts.depths.split(",")]
     all_procs = [int(p) for p in opts.procs.split(",")]

@@ -68,3 +68,16 @@ def test_reset__deletes_the_numbered_pools_and_their_entries() -> None:
     w7_tables.reset(ballast=False)
     assert not Pool.objects.filter(name__startswith=spread.PREFIX).exists()
     assert not QueueEntry.objects.exists()
+
+
+@pytest.mark.parametrize("mode", ["wake", "pass"])
+def test_run_once__wakers_run_beside_w7_and_every_task_still_succeeds(mode: str) -> None:
+    """``--wakers``: their passes may admit W7's entries (taking a release left while they
+    held the lock); they run those as W7 does, so every task succeeds and none is left."""
+    figures = core.run_once(2, 40, wake=(2, mode, 5.0))
+    assert USUAL < set(figures)
+    assert figures["wakers"] == 2 and figures["wake_mode"] == mode
+    assert figures["wake_calls"] >= 2  # each waker called at least once before W7 ended
+    assert Pool.objects.get(name=spread.POOL).admissions == 40
+    ours = QueueEntry.objects.filter(demands__pool__name=spread.POOL)
+    assert ours.filter(state=EntryState.SUCCEEDED).count() == 40
