@@ -88,6 +88,8 @@ class CollectingBridge:
 
 
 bridge = CollectingBridge()
+#: The setting that names :data:`bridge` (W7's processes and the wakers publish through it).
+PUBLISHER = "pools.bench.core.bridge"
 
 
 def _ticks(pid: int) -> int:
@@ -151,7 +153,7 @@ def _worker(
     backend_ticks = _ticks(backend)
     own_ticks = _ticks(os.getpid())
     worker = f"w7-{os.getpid()}"
-    with override_settings(POOLS={"PUBLISHER": "pools.bench.core.bridge"}):
+    with override_settings(POOLS={"PUBLISHER": PUBLISHER}):
         barrier.wait()  # every process connected: the parent reads the CPU counters
         barrier.wait()  # and starts the clock
         for i in range(cycles):
@@ -242,9 +244,15 @@ def run_once(
         for i in range(procs)
     ]
     wakers, wake_mode, wake_every = wake
+    # This module under its own name (not ``__main__``), whose list the bridge fills.
+    from pools.bench import core as named
+
     stop, wake_out = ctx.Event(), ctx.Queue()
     waking = [
-        ctx.Process(target=wakers_mod.waker, args=(POOL, wake_mode, wake_every, stop, wake_out))
+        ctx.Process(
+            target=wakers_mod.waker,
+            args=(POOL, wake_mode, wake_every, stop, wake_out, PUBLISHER, named._admitted),
+        )
         for _ in range(wakers)
     ]
     for child in [*children, *waking]:

@@ -22,10 +22,19 @@ from typing import Any
 MODES = ("wake", "pass")
 
 
-def waker(pool: str, mode: str, every_ms: float, stop: Any, out: Any) -> None:
-    """One process: the wake-up's admission over ``pool`` at each multiple of ``every_ms``
-    (wall clock, so the processes' calls fall together), at least once, until ``stop`` is
-    set."""
+def waker(
+    pool: str,
+    mode: str,
+    every_ms: float,
+    stop: Any,
+    out: Any,
+    publisher: str,
+    admitted: list[Any],
+) -> None:
+    """One process (forked): the wake-up's admission over ``pool`` at each multiple of
+    ``every_ms`` (wall clock, so the processes' calls fall together), at least once, until
+    ``stop`` is set. ``publisher`` is W7's bridge, which hands each admission to
+    ``admitted`` (its list, inherited through the fork)."""
     import django
 
     django.setup()
@@ -38,9 +47,7 @@ def waker(pool: str, mode: str, every_ms: float, stop: Any, out: Any) -> None:
     call = admission.wake if mode == "wake" else admission.admit
     times: list[float] = []
     period = every_ms / 1000
-    with override_settings(POOLS={"PUBLISHER": "pools.bench.core.bridge"}):
-        from pools.bench import core
-
+    with override_settings(POOLS={"PUBLISHER": publisher}):
         while True:  # at least one call, however soon W7 ends
             time.sleep(period - time.time() % period)
             t0 = time.perf_counter()
@@ -48,8 +55,8 @@ def waker(pool: str, mode: str, every_ms: float, stop: Any, out: Any) -> None:
             times.append(time.perf_counter() - t0)
             # A pass that took a release left while it held the lock admits W7's next
             # entry here: run it as W7's processes do (they settle only what they admitted).
-            while core._admitted:
-                adm = core._admitted.pop(0)
+            while admitted:
+                adm = admitted.pop(0)
                 if leases.start(adm.entry_id, adm.token, worker=f"waker-{os.getpid()}"):
                     admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True)
             if stop.is_set():
