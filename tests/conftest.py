@@ -10,6 +10,7 @@ the PgBouncer of ``make test-pgbouncer``).
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from collections.abc import Iterator
@@ -140,6 +141,28 @@ def recorder(settings: Settings) -> Iterator[RecordingBridge]:
     rec.reset()
     yield rec
     rec.reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_collection_inside_redis_calls(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests that wait on Celery results in Redis: no cyclic garbage collection during the
+    test, one after it. Celery 5.5.0 (``make test-lowest``) hangs for good when a
+    collection lands inside a pub/sub call of its Redis result consumer and
+    finalizes an old ``AsyncResult``, whose ``__del__`` re-enters that connection's lock
+    (celery/celery#10477, fixed later by #10497): seen in ``test_gate_workers`` on
+    2026-12-06.
+    After the test the finalizers run outside any Redis call."""
+    if not request.node.get_closest_marker("redis"):
+        yield
+        return
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)
