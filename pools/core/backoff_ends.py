@@ -14,6 +14,16 @@ from pools.models import Pool
 from pools.states import EventKind
 
 
+def ended(now: datetime, names: Iterable[str] | None = None) -> list[str]:
+    """The pools (of ``names``, or all) whose backoff has ended by ``now``, by name: a pass
+    over them resumes them (:func:`end_due_locked`). Only a backoff sets ``backoff_until``,
+    and every resume clears it."""
+    query = Pool.objects.filter(backoff_until__lte=now)
+    if names is not None:
+        query = query.filter(name__in=list(names))
+    return list(query.order_by("name").values_list("name", flat=True))
+
+
 def end_due_locked(pools: Iterable[Pool], now: datetime) -> list[str]:
     """Resume the locked pools whose backoff has ended (called by the admission pass)."""
     ended = [p for p in pools if p.backoff_until is not None and p.backoff_until <= now]

@@ -150,10 +150,7 @@ def _pause(pool: Pool, until: datetime, now: datetime) -> None:
 
 def end_due(now: datetime | None = None) -> list[str]:
     """The sweep's part: resume every pool whose backoff has ended, then admit there."""
-    now = now or timezone.now()
-    names = list(
-        Pool.objects.filter(backoff_until__lte=now).order_by("name").values_list("name", flat=True)
-    )
+    names = backoff_ends.ended(now or timezone.now())
     if not names:
         return []
     pass_runs.run_pass(names)  # the pass ends them under the locks

@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from pools import conf
-from pools.core import dispatch, events, rated_pools, settling
+from pools.core import backoff_ends, dispatch, events, rated_pools, settling
 from pools.core.engines.orm import OrmEngine
 from pools.core.enqueueing import shown
 from pools.core.pass_runs import (
@@ -30,7 +30,6 @@ from pools.core.pass_runs import (
 )
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.exceptions import DemandExceedsCapacity, PoolFull, UnknownPool
-from pools.models import Pool
 from pools.pg import fastpath, functions
 
 logger = logging.getLogger("pools.core.admission")
@@ -241,11 +240,7 @@ def wake(names: Iterable[str]) -> list[Admission]:
     wanted = sorted(set(names))
     if not wanted:
         return []
-    resuming = set(
-        Pool.objects.filter(
-            name__in=wanted, paused=True, backoff_until__lte=timezone.now()
-        ).values_list("name", flat=True)
-    )
+    resuming = set(backoff_ends.ended(timezone.now(), wanted))
     admissions = admit(resuming) if resuming else []
     rest = [name for name in wanted if name not in resuming]
     if rest:

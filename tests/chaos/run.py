@@ -653,10 +653,10 @@ def down_windows(faults: Sequence[Fault]) -> list[tuple[float, float]]:
     return [(f.started, f.ended + DOWN_FAULTS[f.kind]) for f in faults if f.kind in DOWN_FAULTS]
 
 
-def lost_wake_ups(run: Run, *, every: bool = False) -> list[Episode]:
+def lost_wake_ups(run: Run) -> tuple[list[Episode], list[Episode]]:
     """Heads that waited over 100 ms with their slots free, by the database's own record
-    of every transition (:func:`tests.chaos.check.starved_heads`); with ``every``, each
-    such wait however short (the margin the summary prints)."""
+    of every transition (:func:`tests.chaos.check.starved_heads`), and each such wait
+    however short (the margin the summary prints), from one read of that record."""
     from django.db import connection
 
     from pools.core import events
@@ -682,15 +682,18 @@ def lost_wake_ups(run: Run, *, every: bool = False) -> list[Episode]:
         *Pool.objects.exclude(rate="").values_list("name", flat=True),
         *PoolEvent.objects.filter(kind=EventKind.BACKOFF).values_list("pool", flat=True),
     }
-    limits = {"threshold": 0.0, "multi_pool_threshold": 0.0} if every else {}
-    return starved_heads(
+    down = down_windows(run.faults)
+    starved = starved_heads(stream, waiters, POOLS, down=down, uncounted_pools=uncounted)
+    every = starved_heads(
         stream,
         waiters,
         POOLS,
-        down=down_windows(run.faults),
+        down=down,
         uncounted_pools=uncounted,
-        **limits,
+        threshold=0.0,
+        multi_pool_threshold=0.0,
     )
+    return starved, every
 
 
 def _due(episode: Episode) -> str:
@@ -700,9 +703,7 @@ def _due(episode: Episode) -> str:
     entry = QueueEntry.objects.filter(queue_id=episode.entry).first()
     if entry is None:
         return ""
-    due = (
-        f", due at t={entry.not_before.timestamp():.3f}" if entry.not_before is not None else ""
-    )
+    due = f", due at t={entry.not_before.timestamp():.3f}" if entry.not_before is not None else ""
     return f" [{entry.task_name}{due}]"
 
 
@@ -851,8 +852,7 @@ def main(argv: list[str] | None = None) -> int:
     again_total = sum(len(e) for e in again.values())
     allowance = readmission_allowance((f.kind for f in run.faults), args.concurrency)
     too_many = allowance is not None and again_total > allowance
-    starved = lost_wake_ups(run)
-    waits = lost_wake_ups(run, every=True)
+    starved, waits = lost_wake_ups(run)
     peaks = max_overlap(bodies)
     recoveries = [
         (r, f.kind) for f in run.faults if (r := recovery(f, bodies, run.submitted_at)) is not None
