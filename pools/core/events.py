@@ -111,6 +111,12 @@ def stream(entries: Iterable[QueueEntry], logged: Iterable[PoolEvent]) -> list[P
     themselves are logged rows), merged with ``logged`` (rows of the event log). Events
     read from entries have no ``id``. At one instant: enqueued, then releases (settled and
     logged rows, by id), then admissions (by entry), then starts.
+
+    Each time is its call's clock, read before the call waited for the pools' locks (the
+    stored functions' ``p_now``, the Python pass's ``now``): an admission that waited
+    behind the requeue it follows can carry an earlier time than that requeue. Within
+    one entry the tokens give the true order (a requeue logs the token it took back, an
+    admission grants the next one).
     """
     out: list[tuple[datetime, int, int, int, PoolEvent]] = []
     ended_waiting = set()  # entries that ended while waiting: their end is a logged row

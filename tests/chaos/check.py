@@ -26,7 +26,9 @@ unknown, so from its previous enqueue or requeue it counts as holding its slots 
 possibly (never surely) in line. The windows when the runner knew PostgreSQL was down
 (restarts, partitions) and :data:`DOWN_GRACE` seconds after are not counted, nor are
 entries of pools that were paused, backed off or had a rate during the run (their heads
-wait for the rate's window or the backoff's end, which this count does not model). See
+wait for the rate's window or the backoff's end, which this count does not model). An
+entry's own transitions are read in token order where their stamps disagree
+(:func:`stamp_skews`: a re-admission stamped before the requeue it followed). See
 :mod:`tests.support.starvation` for the walk.
 """
 
@@ -38,9 +40,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.support import starvation
+
+if TYPE_CHECKING:
+    from pools.models import PoolEvent, QueueEntry
 
 #: After PostgreSQL is back, workers reconnect and the sweep runs: not counted either.
 DOWN_GRACE = 5.0
@@ -279,6 +284,9 @@ class Transition:
     entry: int
     pool: str
     slots: int
+    #: The claim's fencing token (0: unknown). A requeue carries the token it took back, an
+    #: admission the token it granted.
+    token: int = 0
 
 
 @dataclass(frozen=True)
@@ -288,6 +296,34 @@ class Waiter:
     priority: int = 0
     #: Seconds since the epoch, for an entry that was delayed.
     not_before: float | None = None
+
+
+def recorded(
+    entries: Iterable[QueueEntry], logged: Iterable[PoolEvent]
+) -> tuple[list[Transition], dict[int, Waiter]]:
+    """The database's record of ``entries`` as the checker reads it: their transitions
+    (:func:`pools.core.events.stream`, with ``logged``: their rows of the event log) and
+    what the stream does not carry (priority, due time)."""
+    from pools.core import events
+
+    entries = list(entries)
+    stream = [
+        Transition(
+            e.at.timestamp(),
+            e.kind,
+            e.entry_id,
+            e.pool,
+            int(e.detail.get("slots", 0)),
+            e.token or 0,
+        )
+        for e in events.stream(entries, logged)
+        if e.entry_id is not None
+    ]
+    waiters = {
+        e.queue_id: Waiter(e.priority, e.not_before.timestamp() if e.not_before else None)
+        for e in entries
+    }
+    return stream, waiters
 
 
 #: Kinds that end an entry's wait for good (logged rows).
@@ -315,15 +351,18 @@ def _entry_life(
 ) -> tuple[list[starvation.Stay], list[starvation.Hold]]:
     demand: dict[str, int] = {}
     times: dict[str, float] = {}
-    requeues: set[float] = set()
+    tokens: dict[str, int] = {}
+    requeues: dict[float, int] = {}
     for t in rows:
         demand[t.pool] = t.slots
         if t.kind == "requeued":
-            requeues.add(t.at)
+            requeues[t.at] = max(t.token, requeues.get(t.at, 0))
         else:
             times[t.kind] = min(t.at, times.get(t.kind, t.at))
+            tokens[t.kind] = t.token
     if "enqueued" not in times:
         return [], []
+    times = _causal(times, tokens, requeues)
     # Its place in line: (-priority, when it joined it: enqueued, or due if delayed).
     joins = max(times["enqueued"], info.not_before or times["enqueued"])
     base = starvation.Stay(entry, demand, info.priority, joins, joins, joins, joins)
@@ -348,6 +387,44 @@ def _entry_life(
         ended = min((times[k] for k in ENDS_WAITING if k in times), default=starvation.FOREVER)
         stays.append(replace(base, possibly_from=since, surely_from=since, until=ended))
     return stays, holds
+
+
+def _causal(
+    times: dict[str, float], tokens: Mapping[str, int], requeues: Mapping[float, int]
+) -> dict[str, float]:
+    """``times`` with the last admission moved to the last requeue it followed, when its
+    stamp is earlier (:func:`stamp_skews`): a granted token above a requeue's came after
+    that requeue, whatever the stamps say."""
+    admitted = times.get("admitted")
+    if admitted is None or not requeues:
+        return times
+    last = max(requeues)
+    if admitted < last and 0 < requeues[last] < tokens.get("admitted", 0):
+        return {**times, "admitted": last}
+    return times
+
+
+def stamp_skews(stream: Iterable[Transition]) -> list[int]:
+    """Entries whose last admission is stamped before a requeue it followed (by tokens).
+
+    Every transition is stamped with its caller's clock read before it waited for the
+    pools' locks (a stored function's ``p_now``, the Python pass's ``now``): an admission
+    that waited behind the requeue it follows can carry the earlier time. The checker
+    orders such an entry's own transitions by token (:func:`_causal`); the runner prints
+    how many there were.
+    """
+    admitted: dict[int, tuple[float, int]] = {}
+    requeued: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for t in stream:
+        if t.kind == "admitted":
+            admitted[t.entry] = (t.at, t.token)
+        elif t.kind == "requeued":
+            requeued[t.entry].append((t.at, t.token))
+    return sorted(
+        entry
+        for entry, (at, token) in admitted.items()
+        if any(r_at > at and 0 < r_token < token for r_at, r_token in requeued[entry])
+    )
 
 
 def starved_heads(

@@ -653,30 +653,23 @@ def down_windows(faults: Sequence[Fault]) -> list[tuple[float, float]]:
     return [(f.started, f.ended + DOWN_FAULTS[f.kind]) for f in faults if f.kind in DOWN_FAULTS]
 
 
-def lost_wake_ups(run: Run) -> tuple[list[Episode], list[Episode]]:
+def lost_wake_ups(run: Run) -> tuple[list[Episode], list[Episode], list[int]]:
     """Heads that waited over 100 ms with their slots free, by the database's own record
-    of every transition (:func:`tests.chaos.check.starved_heads`), and each such wait
-    however short (the margin the summary prints), from one read of that record."""
+    of every transition (:func:`tests.chaos.check.starved_heads`), each such wait however
+    short (the margin the summary prints), and the entries whose re-admission is stamped
+    before the requeue it followed (:func:`tests.chaos.check.stamp_skews`), from one read
+    of that record."""
     from django.db import connection
 
-    from pools.core import events
     from pools.models import Pool, PoolEvent, QueueEntry
     from pools.states import EventKind
-    from tests.chaos.check import Transition, Waiter, starved_heads
+    from tests.chaos.check import recorded, stamp_skews, starved_heads
     from tests.chaos.tasks import POOLS
 
     connection.close()  # a PostgreSQL restart may have broken this process's connection
-    entries = list(QueueEntry.objects.all())
-    logged = list(PoolEvent.objects.filter(entry_id__isnull=False).order_by("id"))
-    stream = [
-        Transition(e.at.timestamp(), e.kind, e.entry_id, e.pool, int(e.detail.get("slots", 0)))
-        for e in events.stream(entries, logged)
-        if e.entry_id is not None
-    ]
-    waiters = {
-        e.queue_id: Waiter(e.priority, e.not_before.timestamp() if e.not_before else None)
-        for e in entries
-    }
+    stream, waiters = recorded(
+        QueueEntry.objects.all(), PoolEvent.objects.filter(entry_id__isnull=False).order_by("id")
+    )
     uncounted = {
         *Pool.objects.filter(paused=True).values_list("name", flat=True),
         *Pool.objects.exclude(rate="").values_list("name", flat=True),
@@ -693,7 +686,7 @@ def lost_wake_ups(run: Run) -> tuple[list[Episode], list[Episode]]:
         threshold=0.0,
         multi_pool_threshold=0.0,
     )
-    return starved, every
+    return starved, every, stamp_skews(stream)
 
 
 def _due(episode: Episode) -> str:
@@ -852,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
     again_total = sum(len(e) for e in again.values())
     allowance = readmission_allowance((f.kind for f in run.faults), args.concurrency)
     too_many = allowance is not None and again_total > allowance
-    starved, waits = lost_wake_ups(run)
+    starved, waits, skewed = lost_wake_ups(run)
     peaks = max_overlap(bodies)
     recoveries = [
         (r, f.kind) for f in run.faults if (r := recovery(f, bodies, run.submitted_at)) is not None
@@ -876,7 +869,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{f' (faults explain {allowance})' if allowance is not None else ''}"
         f"{' ' + str({t: len(e) for t, e in sorted(again.items())}) if again else ''}; "
         f"slowest recovery {slowest[0]:.1f}s ({slowest[1]}); "
-        f"starved heads {len(starved)} ({margin(waits)}); "
+        f"starved heads {len(starved)} ({margin(waits)}; re-admissions stamped before "
+        f"their requeue {len(skewed)}); "
         f"restarted by the supervisor: {dict(run.restarted) or 'none'}; "
         + (
             f"resumed past the lease: {len(resumed)} bodies, stopped {max(resumed) * 1000:.0f} ms "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from tests.chaos.check import (
     check,
     max_overlap,
     read_bodies,
+    stamp_skews,
     starved_heads,
 )
 
@@ -274,6 +276,35 @@ def test_starved_heads__a_killed_workers_slot_is_held_until_the_requeue() -> Non
     assert starved(stream, {"p": 1}) == []
     # Back in line at 4.0 but admitted again only at 4.3 while its slot was free: counted.
     stream = [*life(1, {"p": 1}, enqueued=0, requeued=[4.0], admitted=4.3, settled=4.5)]
+    assert starved(stream, {"p": 1}) == ["entry 1 (p 1) head with free slots for 300 ms"]
+
+
+def test_starved_heads__a_readmission_stamped_before_its_requeue_is_ordered_by_token() -> None:
+    # Entry 1 (token 1) was requeued at 4.0 and admitted again (token 2) by a call that had
+    # read its clock at 3.9, before it waited for the lock the requeue held: the stamps say
+    # admitted, then requeued; the tokens say the other way round. Held all along.
+    stream = [
+        *life(1, {"p": 1}, enqueued=0),
+        Transition(3.9, "admitted", 1, "p", 1, token=2),
+        Transition(4.0, "requeued", 1, "p", 1, token=1),
+        Transition(4.5, "settled", 1, "p", 1, token=2),
+        *life(2, {"p": 1}, enqueued=0.5, admitted=4.5, settled=5),
+    ]
+    assert stamp_skews(stream) == [1]
+    assert starved(stream, {"p": 1}) == []
+    # Read by stamps alone, entry 1 would be back in line from 4.0 for good, its slot free.
+    unordered = [replace(t, token=0) for t in stream]
+    assert stamp_skews(unordered) == []
+    assert "entry 1 (p 1) head with free slots for inf ms" in starved(unordered, {"p": 1})
+    # A requeue of the token it was last admitted with, stamped after that admission, is
+    # not a skew: the entry is back in line (here until it expired at 4.3).
+    stream = [
+        *life(1, {"p": 1}, enqueued=3.85),
+        Transition(3.9, "admitted", 1, "p", 1, token=2),
+        Transition(4.0, "requeued", 1, "p", 1, token=2),
+        Transition(4.3, "expired", 1, "p", 1),
+    ]
+    assert stamp_skews(stream) == []
     assert starved(stream, {"p": 1}) == ["entry 1 (p 1) head with free slots for 300 ms"]
 
 
