@@ -199,16 +199,25 @@ def call(function: str, params: Sequence[Any], *, what: str) -> Reply:
     """
     args = [*params, lock_ms()]
     placeholders = ", ".join(["%s"] * len(args))
-    query = f"SELECT * FROM {function}({placeholders})"
+    columns, rows, own = _select(f"SELECT * FROM {function}({placeholders})", args, what)
+    return (
+        decode(columns, rows, committed=True) if own else decode(columns, rows, jsonb_as_text=True)
+    )
+
+
+def _select(query: str, args: list[Any], what: str) -> tuple[list[str], list[Any], bool]:
+    """Run ``query`` under the bound (see :func:`call`): on pools' own connection outside a
+    transaction when it is on, else on Django's (in a savepoint inside a transaction).
+    Returns its columns, its rows, and whether it ran on pools' own connection (its rows
+    are then committed and its ``jsonb`` values decoded)."""
     if _own.enabled and not connection.in_atomic_block:
-        return _call_own(query, args, what)
+        return (*_execute_own(query, args, what), True)
     guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
     with _outage(what), guard, connection.cursor() as cursor:
         cursor.execute(f"{BOUND}{query}", [*bound_params(), *args])
         while cursor.description is None and cursor.nextset():
             pass  # past the SET results
-        columns = [c.name for c in cursor.description or ()]
-        return decode(columns, cursor.fetchall(), jsonb_as_text=True)
+        return [c.name for c in cursor.description or ()], cursor.fetchall(), False
 
 
 @contextmanager
@@ -262,12 +271,7 @@ def owe_pass(names: Sequence[str], *, what: str) -> None:
     query = (
         f"SELECT count({functions.name('owe')}(p.id, 0)) FROM pools_pool p WHERE p.name = ANY(%s)"
     )
-    args = [list(names)]
-    if _own.enabled:
-        _execute_own(query, args, what)
-        return
-    with _outage(what), connection.cursor() as cursor:
-        cursor.execute(f"{BOUND}{query}", [*bound_params(), *args])
+    _select(query, [list(names)], what)
 
 
 def _rows_of(array: Any, *, as_text: bool) -> Reply:
@@ -330,7 +334,7 @@ def prepared_statements() -> bool:
     database's ``OPTIONS["prepare_threshold"]`` is ``None``, the setting Django documents
     for a transaction pooler (PgBouncer ``pool_mode = transaction``), where a statement
     prepared on one server connection is missing, or already there, on the next. Off, the
-    connection keeps no session state either (see :func:`_call_own`).
+    connection keeps no session state either (see :func:`_execute_own`).
     """
     chosen = conf.get().PREPARED_STATEMENTS
     if chosen is not None:
@@ -382,22 +386,15 @@ def own_backend_pid() -> int:
     return int(_connect().info.backend_pid)
 
 
-def _call_own(query: str, args: list[Any], what: str) -> Reply:
-    """One call on pools' own connection, as a server-side prepared statement.
-
-    With prepared statements off (:func:`prepared_statements`) the call is sent as Django
-    sends it: client-side bound, after ``SET LOCAL`` of the bound in the same query string
-    (one implicit transaction), so nothing outlives the call on the server connection.
-    """
-    columns, rows = _execute_own(query, args, what)
-    return decode(columns, rows, committed=True)
-
-
 def _execute_own(
     query: str, args: list[Any], what: str, *, bound: bool = True
 ) -> tuple[list[str], list[Any]]:
-    """Run ``query`` on pools' own connection (see :func:`_call_own`); its columns and rows.
+    """Run ``query`` on pools' own connection, as a server-side prepared statement; its
+    columns and rows.
 
+    With prepared statements off (:func:`prepared_statements`) the query is sent as Django
+    sends it: client-side bound, after ``SET LOCAL`` of the bound in the same query string
+    (one implicit transaction), so nothing outlives the call on the server connection.
     ``bound=False``: no ``SET LOCAL`` before it when prepared statements are off (a
     procedure's ``CALL``, see :func:`call_procedure`).
     """
@@ -448,7 +445,7 @@ def pool_rates(names: Sequence[str]) -> dict[str, str]:
 
     try:
         conn = _connect()
-        # As _call_own sends an unprepared call: bound on the client, so nothing (not even
+        # As _execute_own sends an unprepared call: bound on the client, so nothing (not even
         # an unnamed statement) is left to a pooler's next client.
         with conn.cursor() if prepared_statements() else psycopg.ClientCursor(conn) as cursor:
             cursor.execute(query, [list(names)], prepare=False)

@@ -227,7 +227,7 @@ def test_own_connection__statement_bound_holds_with_prepared_statements_on_and_o
     }
     fastpath.close_own_connection()
     with pytest.raises(PoolUnavailable, match="statement timeout"):
-        fastpath._call_own("SELECT * FROM pg_sleep(%s)", [2], "a slow call")
+        fastpath._execute_own("SELECT * FROM pg_sleep(%s)", [2], "a slow call")
 
 
 def _settle_times_out_behind_a_pool_lock(recorder: Any) -> Any:
