@@ -38,8 +38,9 @@ connection, so ``N`` processes need ``N`` (plus one for this script between runs
 server's ``max_connections``; behind PgBouncer in transaction mode they share its pool.
 
 ``--rate`` gives the pool a rate (``"N/s|m|h|d"``, or several separated by commas): with
-one no run reaches (``100000/s``) every admission checks and records it but none is
-refused, so the figures beside a run without ``--rate`` are what the rate check costs.
+one no run reaches (``100000/s``) every admission and every start checks and records it
+(a start as a worker makes it: ``leases.start_rated``, under the pool's lock) but none is
+refused, so the figures beside a run without ``--rate`` are what the rate checks cost.
 
 ``--wakers K`` runs K more processes that each run a timed wake-up's admission of the pool
 every ``--wake-every`` ms, in bursts of K (:mod:`pools.bench.wakers`); ``--wake-mode pass``
@@ -134,7 +135,7 @@ def _worker(
     from pools.bench import core  # this module under its own name (not ``__main__``)
     from pools.core import admission, leases
     from pools.core import engine as engines
-    from pools.core.records import Submission
+    from pools.core.records import Claim, Submission
     from pools.pg import fastpath
     from pools.specs import PoolSpec
 
@@ -170,9 +171,11 @@ def _worker(
             lock_calls.append(time.perf_counter() - t0)
             while core._admitted:
                 adm = core._admitted.pop(0)
-                claim = leases.start(adm.entry_id, adm.token, worker=worker)
-                if claim is None:
-                    raise RuntimeError(f"W7: start of entry {adm.entry_id} refused")
+                # As a worker starts it: through the pool's window of starts when rated.
+                start = leases.start_rated if adm.rated else leases.start
+                claim = start(adm.entry_id, adm.token, worker=worker)
+                if not isinstance(claim, Claim):
+                    raise RuntimeError(f"W7: start of entry {adm.entry_id} refused: {claim!r}")
                 t0 = time.perf_counter()
                 if not admission.settle(adm.entry_id, adm.token, "succeeded", live_lease=True):
                     raise RuntimeError(f"W7: settle of entry {adm.entry_id} refused")

@@ -81,3 +81,14 @@ def test_run_once__wakers_run_beside_w7_and_every_task_still_succeeds(mode: str)
     assert Pool.objects.get(name=spread.POOL).admissions == 40
     ours = QueueEntry.objects.filter(demands__pool__name=spread.POOL)
     assert ours.filter(state=EntryState.SUCCEEDED).count() == 40
+
+
+def test_run_once__a_rated_pool_starts_each_task_through_its_window_of_starts() -> None:
+    """``--rate``: W7 starts what a rated pool admitted as a worker does (``start_rated``),
+    so the rate's cost includes the start's check (the pool's ``starts`` counter)."""
+    figures = core.run_once(2, 8, rate=["100000/s"])
+    assert figures["tasks"] == 8
+    pool = Pool.objects.get(name=spread.POOL)
+    assert (pool.admissions, pool.starts) == (8, 8)
+    done = QueueEntry.objects.filter(demands__pool__name=spread.POOL, state=EntryState.SUCCEEDED)
+    assert done.count() == 8
