@@ -14,13 +14,11 @@ from pools.models import Pool
 from pools.states import EventKind
 
 
-def ended(now: datetime, names: Iterable[str] | None = None) -> list[str]:
-    """The pools (of ``names``, or all) whose backoff has ended by ``now``, by name: a pass
-    over them resumes them (:func:`end_due_locked`). Only a backoff sets ``backoff_until``,
-    and every resume clears it."""
+def ended(now: datetime) -> list[str]:
+    """The pools whose backoff has ended by ``now``, by name: a pass over them resumes
+    them (:func:`end_due_locked`). Only a backoff sets ``backoff_until``, and every resume
+    clears it (the stored functions hand such a pool to that pass: ``schema.sql``)."""
     query = Pool.objects.filter(backoff_until__lte=now)
-    if names is not None:
-        query = query.filter(name__in=list(names))
     return list(query.order_by("name").values_list("name", flat=True))
 
 

@@ -18,11 +18,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from pools import conf
-from pools.core import backoff_ends, dispatch, events, rated_pools, settling
+from pools.core import dispatch, events, rated_pools, settling
 from pools.core.engines.orm import OrmEngine
 from pools.core.enqueueing import shown
 from pools.core.pass_runs import (
-    admit,
     admit_after_settle,
     admit_later,
     follow_up,
@@ -232,21 +231,15 @@ def wake(names: Iterable[str]) -> list[Admission]:
     owed pass (:func:`fastpath.owe_pass`) and looks as a holder does after its commit
     (:func:`recheck`, which skips a locked pool): the first admits, the others find the
     pools locked or the work taken, and a holder that took the locks before the owed pass
-    committed runs it after its own commit. A head the function hands to the ORM engine
-    (a multi-pool head, ...) gets its Python pass from :func:`recheck`, as after a settle.
-    A pool whose backoff has ended gets the Python pass at once (the functions skip a
-    paused pool; that pass resumes it): one wake-up per backoff, nothing to queue behind.
+    committed runs it after its own commit. A pool the function hands to the ORM engine
+    (a multi-pool head, a backoff that has ended, ...) gets its Python pass from
+    :func:`recheck`, as after a settle.
     """
     wanted = sorted(set(names))
     if not wanted:
         return []
-    resuming = set(backoff_ends.ended(timezone.now(), wanted))
-    admissions = admit(resuming) if resuming else []
-    rest = [name for name in wanted if name not in resuming]
-    if rest:
-        fastpath.owe_pass(rest, what=f"pools {', '.join(rest)}")
-        admissions += recheck(rest)
-    return admissions
+    fastpath.owe_pass(wanted, what=f"pools {', '.join(wanted)}")
+    return recheck(wanted)
 
 
 def recheck(names: Iterable[str]) -> list[Admission]:

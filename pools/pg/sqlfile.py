@@ -30,14 +30,21 @@ def read(path: str) -> str:
 
 
 def deltas() -> list[str]:
-    """The delta files (paths under ``pools/pg/sql/``), in the order of their releases
-    (then by name)."""
+    """The delta files (paths under ``pools/pg/sql/``) in the order their migrations run
+    them (a delta no migration runs last, by release then name): the catalog test loads
+    them so, after the baseline, to rebuild what the migrations build."""
+    runs = {
+        found: migration.name
+        for migration in sorted((SQL_DIR.parent.parent / "migrations").glob("0*.py"))
+        for found in re.findall(r'sqlfile\.run\(\s*"(deltas/[^"]+)"', migration.read_text())
+    }
 
-    def release(path: Path) -> tuple[tuple[int, ...], str]:
+    def order(path: Path) -> tuple[str, tuple[int, ...], str]:
         found = re.match(r"(\d+(?:\.\d+)*)_", path.name)
-        return (tuple(int(x) for x in found.group(1).split(".")) if found else ()), path.name
+        release = tuple(int(x) for x in found.group(1).split(".")) if found else ()
+        return runs.get(f"deltas/{path.name}", "~"), release, path.name
 
-    return [f"deltas/{p.name}" for p in sorted((SQL_DIR / "deltas").glob("*.sql"), key=release)]
+    return [f"deltas/{p.name}" for p in sorted((SQL_DIR / "deltas").glob("*.sql"), key=order)]
 
 
 def created_functions(sql: str) -> list[str]:

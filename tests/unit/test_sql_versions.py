@@ -31,6 +31,7 @@ PINNED = {
     "baseline-0.1.0.sql": "559ed9dc40c5f9f58983e54906bf670e662b70c926bfc7e2bef590b37227955d",
     "deltas/0.2.0_contention.sql": "45058c454d2f11c9cdb9a3404f87ebe126f10b9b6f4aaa3d0007de474b7474cb",
     "deltas/0.2.0_owed_slots.sql": "1757368f2b298770ce3ebceb49b483349a53c484905f46b036756edf62b66872",
+    "deltas/0.2.0_backoff_ended.sql": "61e09b8cce6678224d9abe6ab55e3e7572120157d063ba90604f5bcfe924d7fa",
 }
 
 FREEZE = (
@@ -72,11 +73,15 @@ def test_sql_versions__shipped_deltas_are_unchanged_and_pinned() -> None:
 
 
 def test_sql_versions__deltas_are_named_by_release_and_each_is_run_by_a_migration() -> None:
-    migrations = [m.read_text() for m in (PACKAGE / "migrations").glob("0*.py")]
+    migrations = {m.name: m.read_text() for m in (PACKAGE / "migrations").glob("0*.py")}
+    order = []
     for delta in sqlfile.deltas():
         assert re.fullmatch(r"deltas/\d+\.\d+\.\d+_[a-z0-9_]+\.sql", delta), delta
-        runners = [m for m in migrations if f'sqlfile.run("{delta}"' in m]
+        runners = [name for name, text in migrations.items() if f'sqlfile.run("{delta}"' in text]
         assert len(runners) == 1, f"{delta} must be run by exactly one migration"
+        order += runners
+    # In the order the migrations run them (0.2.0_backoff_ended after 0.2.0_owed_slots).
+    assert order == sorted(order)
 
 
 def test_sql_versions__schema_creates_every_function_with_the_version_suffix() -> None:

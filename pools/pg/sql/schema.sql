@@ -113,7 +113,8 @@ DECLARE
     v_owed bigint;
 BEGIN
     FOR r IN SELECT p.id, p.name, p.slots, p.held, p.admissions, p.paused, p.next_due_at,
-                    p.pending_slots, p.strategy, p.fair_round, p.spend_cap, p.rate
+                    p.pending_slots, p.strategy, p.fair_round, p.spend_cap, p.rate,
+                    p.backoff_until
                FROM pools_pool p
              WHERE p.id = ANY(p_pools) ORDER BY p.name LOOP
         -- Work owed by calls that found this pool locked (pools_owedwork, pools_owe_v8):
@@ -170,7 +171,14 @@ BEGIN
         IF v_next IS NOT NULL THEN
             RETURN QUERY SELECT * FROM pools_out_v8('wake', pool => r.name::text, at => v_next);
         END IF;
-        CONTINUE WHEN r.paused;
+        IF r.paused THEN
+            -- Paused by a backoff that has ended (pools/core/backoffs.py): the Python pass
+            -- resumes the pool, then admits.
+            IF r.backoff_until IS NOT NULL AND r.backoff_until <= p_now THEN
+                RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);
+            END IF;
+            CONTINUE;
+        END IF;
         IF r.pending_slots IS NOT NULL THEN
             -- Draining after a capacity change: the Python pass decides (and ends the drain).
             RETURN QUERY SELECT * FROM pools_out_v8('fallback', pool => r.name::text);

@@ -1,6 +1,7 @@
 """Backoff (``raise pools.Backoff``): the entry waits again at its place, its pools pause
 until a time and resume by themselves; on both engines (the PostgreSQL stored functions
-skip a paused pool, so a pool in backoff needs no stored-function change)."""
+skip a paused pool, and hand one whose backoff has ended to the Python pass, which resumes
+it)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,24 @@ def test_backoff__entry_waits_at_the_head_and_the_pool_admits_nothing_until_its_
     assert not pool.paused and pool.backoff_until is None
     kinds = list(PoolEvent.objects.filter(kind=EventKind.BACKOFF).values_list("pool", "entry_id"))
     assert kinds == [("p", a.queue_id), ("p", None)]  # the backoff, then its end
+
+
+def test_backoff__after_its_end_a_settle_in_the_pool_resumes_it(
+    recorder: RecordingBridge, admission_path: str
+) -> None:
+    """No wake-up came (lost with a broker outage, say): the next settle in the pool ends
+    the backoff and admits, not the sweep a second later. On the sql path the settle
+    function hands the pool to the Python pass (a 'fallback' pool)."""
+    make_pool("p", 2)
+    submit("p", key="a")
+    submit("p", key="b")
+    submit("p", key="c")
+    backoffs.back_off(*claim("a"), 30, limit=5)
+    time_passes("p")
+    assert admission.settle(*claim("b"), EntryState.SUCCEEDED)
+    assert [state(k) for k in "ac"] == [EntryState.ADMITTED] * 2
+    pool = Pool.objects.get(name="p")
+    assert not pool.paused and pool.backoff_until is None
 
 
 def test_backoff__sabotage_without_the_pause_the_free_slot_is_used(
