@@ -461,6 +461,59 @@ def starved_heads(
     return [e for e in found if not skip & set(e.demand)]
 
 
+@dataclass(frozen=True)
+class Stall:
+    """A process fault that can stop a process between a commit and its follow-up: a
+    SIGKILLed worker (``worker``: its hostname) or a SIGSTOPped pool process (``pid``)."""
+
+    at: float
+    worker: str = ""
+    pid: int = 0
+
+
+#: How long after its release (its stamp) the releasing process may be stopped with its
+#: follow-up pass still to run: the commit and the follow-up's start, under load.
+FOLLOW_UP_WINDOW = 0.5
+
+
+def lost_with_their_process(
+    episodes: Iterable[starvation.Episode],
+    stream: Iterable[Transition],
+    releasers: Mapping[int, tuple[str, int]],
+    stalls: Iterable[Stall],
+    sweep: float,
+) -> list[starvation.Episode]:
+    """The episodes that began with a release whose process was then killed or stopped
+    before its follow-up admission pass, and ended by the next sweep after the fault.
+
+    A settle commits its release, then runs the pass the stored function left to Python
+    (a multi-pool head's) after that commit: a process killed in between takes that pass
+    with it, and the sweep (every ``sweep`` seconds) runs it. That is the engine's
+    recovery, not a lost wake-up. ``releasers``: entry -> (the worker that ran it, the pid
+    of its last body). An episode counts as such when the last release in its pools at
+    or before its start came from a process a stall hit within :data:`FOLLOW_UP_WINDOW`
+    after it, and it ended within ``sweep`` (plus that window) of the stall.
+    """
+    releases = sorted((t for t in stream if t.kind in ("settled", "requeued")), key=lambda t: t.at)
+    hits = list(stalls)
+    found = []
+    for episode in episodes:
+        before = [t for t in releases if t.pool in episode.demand and t.at <= episode.start]
+        if not before:
+            continue
+        last = before[-1]
+        worker, pid = releasers.get(last.entry, ("", 0))
+        for stall in hits:
+            if not last.at <= stall.at <= last.at + FOLLOW_UP_WINDOW:
+                continue
+            if not ((stall.worker and stall.worker == worker) or (stall.pid and stall.pid == pid)):
+                continue
+            if episode.end <= stall.at + sweep + FOLLOW_UP_WINDOW:
+                found.append(episode)
+                break
+    return found
+
+
 #: A multi-pool head is admitted by the Python pass, which waits for the locks of all its
 #: pools (it never leaves its work to a holder), and the database records its admission
 #: after that wait while a release is recorded before its own: under the chaos run's load

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -58,7 +59,7 @@ from typing import Any
 
 from pools.celery import processes
 from pools.celery.processes import Process
-from tests.chaos.check import Body
+from tests.chaos.check import Body, Stall
 from tests.support.blackhole import BlackholeProxy
 from tests.support.starvation import Episode
 
@@ -653,22 +654,38 @@ def down_windows(faults: Sequence[Fault]) -> list[tuple[float, float]]:
     return [(f.started, f.ended + DOWN_FAULTS[f.kind]) for f in faults if f.kind in DOWN_FAULTS]
 
 
-def lost_wake_ups(run: Run) -> tuple[list[Episode], list[Episode], list[int]]:
+@dataclass
+class WakeUps:
+    """What the database's record says of wake-ups (:func:`lost_wake_ups`)."""
+
+    #: Heads that waited over 100 ms with their slots free (multi-pool: 500 ms).
+    starved: list[Episode]
+    #: Every wait with free slots, however short (the margin the summary prints).
+    waits: list[Episode]
+    #: Entries whose re-admission is stamped before the requeue it followed.
+    skewed: list[int]
+    #: Starved heads whose follow-up pass a process fault took, run by the next sweep.
+    lost_with_their_process: list[Episode]
+
+
+def lost_wake_ups(run: Run, bodies: Sequence[Body]) -> WakeUps:
     """Heads that waited over 100 ms with their slots free, by the database's own record
-    of every transition (:func:`tests.chaos.check.starved_heads`), each such wait however
-    short (the margin the summary prints), and the entries whose re-admission is stamped
-    before the requeue it followed (:func:`tests.chaos.check.stamp_skews`), from one read
-    of that record."""
+    of every transition (:func:`tests.chaos.check.starved_heads`), less those whose
+    follow-up pass a killed or stopped process took with it, which the sweep ran
+    (:func:`tests.chaos.check.lost_with_their_process`); each such wait however short;
+    and the entries whose re-admission is stamped before the requeue it followed
+    (:func:`tests.chaos.check.stamp_skews`), from one read of that record."""
     from django.db import connection
 
     from pools.models import Pool, PoolEvent, QueueEntry
     from pools.states import EventKind
-    from tests.chaos.check import recorded, stamp_skews, starved_heads
+    from tests.chaos.check import lost_with_their_process, recorded, stamp_skews, starved_heads
     from tests.chaos.tasks import POOLS
 
     connection.close()  # a PostgreSQL restart may have broken this process's connection
+    entries = list(QueueEntry.objects.all())
     stream, waiters = recorded(
-        QueueEntry.objects.all(), PoolEvent.objects.filter(entry_id__isnull=False).order_by("id")
+        entries, PoolEvent.objects.filter(entry_id__isnull=False).order_by("id")
     )
     uncounted = {
         *Pool.objects.filter(paused=True).values_list("name", flat=True),
@@ -686,7 +703,21 @@ def lost_wake_ups(run: Run) -> tuple[list[Episode], list[Episode], list[int]]:
         threshold=0.0,
         multi_pool_threshold=0.0,
     )
-    return starved, every, stamp_skews(stream)
+    last_pid = {b.entry: b.pid for b in bodies}  # bodies are in order of start
+    releasers = {e.queue_id: (e.worker, last_pid.get(e.queue_id, 0)) for e in entries}
+    excused = lost_with_their_process(starved, stream, releasers, stalls(run.faults), SWEEP_SECONDS)
+    return WakeUps([e for e in starved if e not in excused], every, stamp_skews(stream), excused)
+
+
+def stalls(faults: Sequence[Fault]) -> list[Stall]:
+    """The process faults that can stop a process between a commit and its follow-up."""
+    out = []
+    for fault in faults:
+        if fault.kind == "sigkill" and fault.detail:
+            out.append(Stall(fault.started, worker=fault.detail))
+        elif fault.kind == "sigstop" and (pid := re.match(r"pid (\d+)", fault.detail)):
+            out.append(Stall(fault.started, pid=int(pid.group(1))))
+    return out
 
 
 def _due(episode: Episode) -> str:
@@ -845,7 +876,8 @@ def main(argv: list[str] | None = None) -> int:
     again_total = sum(len(e) for e in again.values())
     allowance = readmission_allowance((f.kind for f in run.faults), args.concurrency)
     too_many = allowance is not None and again_total > allowance
-    starved, waits, skewed = lost_wake_ups(run)
+    wake_ups = lost_wake_ups(run, bodies)
+    starved, waits = wake_ups.starved, wake_ups.waits
     peaks = max_overlap(bodies)
     recoveries = [
         (r, f.kind) for f in run.faults if (r := recovery(f, bodies, run.submitted_at)) is not None
@@ -870,7 +902,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{' ' + str({t: len(e) for t, e in sorted(again.items())}) if again else ''}; "
         f"slowest recovery {slowest[0]:.1f}s ({slowest[1]}); "
         f"starved heads {len(starved)} ({margin(waits)}; re-admissions stamped before "
-        f"their requeue {len(skewed)}); "
+        f"their requeue {len(wake_ups.skewed)}; follow-ups lost with their process, run "
+        f"by the sweep {len(wake_ups.lost_with_their_process)}); "
         f"restarted by the supervisor: {dict(run.restarted) or 'none'}; "
         + (
             f"resumed past the lease: {len(resumed)} bodies, stopped {max(resumed) * 1000:.0f} ms "
@@ -892,6 +925,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     for episode in starved[:10]:
         print(f"VIOLATION: lost wake-up: {episode} (from t={episode.start:.3f})")
+    for episode in wake_ups.lost_with_their_process[:10]:
+        print(f"  follow-up lost with its process: {episode} (from t={episode.start:.3f})")
     for episode in sorted(waits, key=lambda e: -e.seconds)[:5]:
         print(f"  longest waits: {episode} (from t={episode.start:.3f}){_due(episode)}")
     for fault in run.faults:

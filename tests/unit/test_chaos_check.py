@@ -9,9 +9,11 @@ from typing import Any
 
 from tests.chaos.check import (
     Body,
+    Stall,
     Transition,
     Waiter,
     check,
+    lost_with_their_process,
     max_overlap,
     read_bodies,
     stamp_skews,
@@ -306,6 +308,33 @@ def test_starved_heads__a_readmission_stamped_before_its_requeue_is_ordered_by_t
     ]
     assert stamp_skews(stream) == []
     assert starved(stream, {"p": 1}) == ["entry 1 (p 1) head with free slots for 300 ms"]
+
+
+def test_lost_with_their_process__a_kill_between_a_release_and_its_follow_up() -> None:
+    # Entry 1 (on worker w1, body pid 11) settles at 1.0, freeing pool c for multi-pool
+    # entry 2, whose pass was that settle's follow-up; w1 is SIGKILLed at 1.01, and the
+    # sweep (every second) admits entry 2 at 1.95: a 950 ms wait, not a lost wake-up.
+    stream = [
+        *life(1, {"c": 2}, enqueued=0, admitted=0, settled=1.0),
+        *life(2, {"a": 1, "c": 2}, enqueued=0.5, admitted=1.95, settled=3),
+    ]
+    episodes = starved_heads(stream, {}, {"a": 1, "c": 2})
+    assert [str(e) for e in episodes] == [
+        "entry 2 (a 1, c 2) head with free slots for 950 ms"
+    ]
+    releasers = {1: ("w1", 11), 2: ("w2", 12)}
+
+    def lost(*stalls: Stall, sweep: float = 1.0) -> list[Any]:
+        return lost_with_their_process(episodes, stream, releasers, stalls, sweep)
+
+    assert lost(Stall(1.01, worker="w1")) == episodes
+    assert lost(Stall(1.01, pid=11)) == episodes  # paused instead (SIGSTOP)
+    # Another worker killed, or the same one long after the release: counted.
+    assert lost(Stall(1.01, worker="w2")) == []
+    assert lost(Stall(1.01, pid=12)) == []
+    assert lost(Stall(1.6, worker="w1")) == []
+    # The wait outlasted the next sweep after the kill: counted.
+    assert lost(Stall(1.01, worker="w1"), sweep=0.3) == []
 
 
 def test_starved_heads__not_while_the_database_was_down_and_shortly_after() -> None:
