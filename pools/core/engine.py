@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from django.db import DatabaseError, connection
 
@@ -27,6 +27,9 @@ from pools.core.engines.orm import ORM
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.pg import engine as pg_engine
 from pools.pg import fastpath
+
+if TYPE_CHECKING:
+    from pools.core.starts import Postponed
 
 logger = logging.getLogger("pools.engine")
 
@@ -47,6 +50,13 @@ class Engine(Protocol):
 
     def start(self, entry_id: int, token: int, *, worker: str) -> Claim | None:
         """Mark an admitted entry running; None for a stale token or a pinned entry."""
+        ...
+
+    def try_start_rated(
+        self, entry_id: int, token: int, *, worker: str
+    ) -> Claim | Postponed | None:
+        """One check of a rated start (:mod:`pools.core.starts`): start it if its place in
+        each of its pools' windows of starts has come, else say when it comes."""
         ...
 
     def settle(

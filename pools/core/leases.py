@@ -37,9 +37,9 @@ def start_rated(entry_id: int, token: int, *, worker: str) -> Claim | starts.Pos
 
     :class:`~pools.core.starts.Postponed` when the place comes later: the entry is back in
     line, to be admitted again then; the delivery must not run. Same bound and errors as
-    :func:`start`. Both engines run it through the ORM (the PostgreSQL engine hands it over).
+    :func:`start`. Each check is the engine's (on PostgreSQL one stored function).
     """
-    return starts.start(entry_id, token, worker=worker[:255])
+    return starts.start(entry_id, token, worker=worker[:255], attempt=engine().try_start_rated)
 
 
 def renew(entry_id: int, token: int) -> datetime | None:

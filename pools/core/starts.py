@@ -27,7 +27,7 @@ stay one compare-and-set without a pool lock (:mod:`pools.core.leases`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -65,16 +65,24 @@ def short_wait() -> float:
     return min(SHORT_WAIT_SECONDS, conf.get().LEASE_SECONDS / 10)
 
 
-def start(entry_id: int, token: int, *, worker: str) -> Claim | Postponed | None:
+def start(
+    entry_id: int,
+    token: int,
+    *,
+    worker: str,
+    attempt: Callable[..., Claim | Postponed | None] | None = None,
+) -> Claim | Postponed | None:
     """Start a rated entry: as :func:`pools.core.leases.start`, when its place in each of its
     pools' windows of starts has come; a short wait is slept through here.
 
     ``Postponed`` when the place comes later than :func:`short_wait`: the entry is then back
     in line (:func:`postpone`) and the delivery must not run. ``None`` as for a stale token.
+    ``attempt``: one check (the engine's ``try_start_rated``; default :func:`try_start`).
     """
+    check = attempt or try_start
     slept = 0.0
     while True:
-        got = try_start(entry_id, token, worker=worker)
+        got = check(entry_id, token, worker=worker)
         if not isinstance(got, Postponed):
             return got
         if slept + got.seconds <= short_wait():

@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from pools import conf
-from pools.core import dispatch, events, rated_pools, settling
+from pools.core import dispatch, events, rated_pools, rates, settling
 from pools.core.engines.orm import OrmEngine
 from pools.core.enqueueing import shown
 from pools.core.pass_runs import (
@@ -28,6 +28,7 @@ from pools.core.pass_runs import (
     requeue_unpublished,
 )
 from pools.core.records import Admission, Claim, Enqueued, Submission
+from pools.core.starts import Postponed
 from pools.exceptions import DemandExceedsCapacity, PoolFull, UnknownPool
 from pools.pg import fastpath, functions
 
@@ -55,10 +56,11 @@ def handed_to_orm(
     draining or overflow policy decides; the function wrote nothing) is too; each
     ``fallback`` row names a pool whose admission pass the ORM engine runs after commit
     (a multi-pool head, a head past its deadline, due multi-pool entries, a head that may be
-    ineligible, a draining pool, a pool with a spend cap). The start of an entry admitted
-    in a rated pool is the ORM engine's too: the worker calls
-    :func:`pools.core.leases.start_rated` for a message marked ``rated`` (see
-    :func:`_on_commit`), never this engine's ``start``. See docs/concepts/contract.md.
+    ineligible, a draining pool, a pool with a spend cap, a paused pool whose backoff has
+    ended). The start of an entry admitted in a rated pool is not ``start``: the worker
+    calls :func:`pools.core.leases.start_rated` for a message marked ``rated`` (see
+    :func:`_on_commit`), whose checks are this engine's ``try_start_rated``. See
+    docs/concepts/contract.md.
     """
     if sub is not None and (budgeted or not sub.plain):
         return Handoff(call=True)
@@ -121,6 +123,39 @@ class PostgresEngine(OrmEngine):
             what="starting a claim",
         )
         row = reply.first("started")
+        if row is None or row.at is None:
+            return None
+        events.announce(reply.events, committed=reply.committed)
+        return Claim(
+            entry_id=entry_id, token=token, demand=dict(row.demand or {}), lease_expires_at=row.at
+        )
+
+    def try_start_rated(
+        self, entry_id: int, token: int, *, worker: str
+    ) -> Claim | Postponed | None:
+        """One call of the rated start function (one check of :mod:`pools.core.starts`'
+        rule, under the pools' locks), then the look for work left to their holder."""
+        reply = fastpath.call(
+            functions.name("start_rated"),
+            [
+                entry_id,
+                token,
+                worker,
+                timezone.now(),
+                conf.get().LEASE_SECONDS,
+                rates.HANDOFF_MARGIN.total_seconds(),
+                fastpath.listening(),
+            ],
+            what=f"starting entry {entry_id}",
+        )
+        wait, row = reply.first("wake"), reply.first("started")
+        answer = wait or row
+        if answer is not None and answer.demand:
+            names = sorted(answer.demand)  # their locks were held: look after the commit
+            transaction.on_commit(lambda: recheck_safely(names))
+        if wait is not None and wait.at is not None:
+            seconds = float((wait.detail or {}).get("seconds", 0.0))
+            return Postponed(until=wait.at, seconds=seconds)
         if row is None or row.at is None:
             return None
         events.announce(reply.events, committed=reply.committed)
@@ -280,8 +315,8 @@ def recheck_safely(names: Iterable[str]) -> None:
 def _on_commit(reply: fastpath.Reply) -> list[Admission]:
     """Hand a fast-path call's admissions, wake-ups and events to the after-commit hooks.
 
-    An admission in a pool with a rate is marked ``rated``: its start is then the ORM
-    engine's (:func:`pools.core.leases.start_rated`).
+    An admission in a pool with a rate is marked ``rated``: its start then confirms its
+    place in the pool's window of starts (:func:`pools.core.leases.start_rated`).
     """
     admitted = reply.of("admitted")
     rated = (

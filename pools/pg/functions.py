@@ -27,6 +27,7 @@ BASES = (
     "settle_call",
     "settled",
     "start",
+    "start_rated",
 )
 
 

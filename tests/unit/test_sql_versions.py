@@ -32,6 +32,7 @@ PINNED = {
     "deltas/0.2.0_contention.sql": "45058c454d2f11c9cdb9a3404f87ebe126f10b9b6f4aaa3d0007de474b7474cb",
     "deltas/0.2.0_owed_slots.sql": "1757368f2b298770ce3ebceb49b483349a53c484905f46b036756edf62b66872",
     "deltas/0.2.0_backoff_ended.sql": "61e09b8cce6678224d9abe6ab55e3e7572120157d063ba90604f5bcfe924d7fa",
+    "deltas/0.2.0_rated_start.sql": "b5827a4b82fc7ffbbf878873cd5cb02b481a5f31dbd6eb0ce2237b2087a20791",
 }
 
 FREEZE = (

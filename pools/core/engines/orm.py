@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
@@ -22,6 +23,9 @@ from pools.core.enqueueing import enqueue_with_locks
 from pools.core.records import Admission, Claim, Enqueued, Submission
 from pools.models import QueueEntry
 from pools.states import EntryState, EventKind
+
+if TYPE_CHECKING:
+    from pools.core.starts import Postponed
 
 
 class OrmEngine:
@@ -42,6 +46,14 @@ class OrmEngine:
     def start(self, entry_id: int, token: int, *, worker: str) -> Claim | None:
         """Start by compare-and-set on the fencing token (no pool lock)."""
         return start(entry_id, token, worker=worker)
+
+    def try_start_rated(
+        self, entry_id: int, token: int, *, worker: str
+    ) -> Claim | Postponed | None:
+        """One check of a rated start under the pools' locks (:mod:`pools.core.starts`)."""
+        from pools.core import starts  # it builds on this module (mark_running)
+
+        return starts.try_start(entry_id, token, worker=worker)
 
     def settle(
         self, entry_id: int, token: int, outcome: str, *, reason: str, live_lease: bool
