@@ -36,9 +36,9 @@ from django.utils import timezone
 
 from pools import conf
 from pools.core import rates, settling, windows
-from pools.core.engines.orm import mark_running
 from pools.core.locking import locked_pools, unavailable_on_error
 from pools.core.records import Claim
+from pools.core.running import mark_running
 from pools.models import Pool, QueueEntry, RateMark
 from pools.states import EntryState
 

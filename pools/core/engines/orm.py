@@ -10,22 +10,13 @@ this engine and the PostgreSQL one to ``docs/concepts/contract.md``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from datetime import datetime
 
-from django.db.models import Case, F, Q, Value, When
-from django.utils import timezone
-
-from pools import conf
-from pools.core import events, locking, pass_runs, settling
+from pools.core import pass_runs, running, settling, starts
 from pools.core.debounce import enqueue_debounced
 from pools.core.enqueueing import enqueue_with_locks
 from pools.core.records import Admission, Claim, Enqueued, Submission
-from pools.models import QueueEntry
-from pools.states import EntryState, EventKind
-
-if TYPE_CHECKING:
-    from pools.core.starts import Postponed
+from pools.core.starts import Postponed
 
 
 class OrmEngine:
@@ -45,14 +36,12 @@ class OrmEngine:
 
     def start(self, entry_id: int, token: int, *, worker: str) -> Claim | None:
         """Start by compare-and-set on the fencing token (no pool lock)."""
-        return start(entry_id, token, worker=worker)
+        return running.start(entry_id, token, worker=worker)
 
     def try_start_rated(
         self, entry_id: int, token: int, *, worker: str
     ) -> Claim | Postponed | None:
         """One check of a rated start under the pools' locks (:mod:`pools.core.starts`)."""
-        from pools.core import starts  # it builds on this module (mark_running)
-
         return starts.try_start(entry_id, token, worker=worker)
 
     def settle(
@@ -94,40 +83,3 @@ class OrmEngine:
 
 #: The ORM engine (it keeps no state).
 ORM = OrmEngine()
-
-
-def start(entry_id: int, token: int, *, worker: str) -> Claim | None:
-    """Mark an admitted entry running on ``worker`` (already cut to 255 characters)."""
-    with locking.bounded("starting a claim"):
-        return mark_running(entry_id, token, worker=worker, now=timezone.now())
-
-
-def mark_running(entry_id: int, token: int, *, worker: str, now: datetime) -> Claim | None:
-    """The start itself, inside the caller's transaction: compare-and-set on the token
-    (``admitted`` -> ``running``), the lease, the ``started`` event. Also the last step of a
-    rated start (:mod:`pools.core.starts`), under its pools' locks."""
-    lease = conf.get().LEASE_SECONDS
-    renewed = now + timedelta(seconds=lease)
-    changed = QueueEntry.objects.filter(
-        Q(pinned_worker="") | Q(pinned_worker=worker),
-        pk=entry_id,
-        token=token,
-        state=EntryState.ADMITTED,
-    ).update(
-        state=EntryState.RUNNING,
-        started_at=now,
-        worker=worker,
-        lease_expires_at=Case(  # kept when 2/3 of it are left: as the start function
-            When(
-                lease_expires_at__gte=now + timedelta(seconds=lease * 2 / 3),
-                then=F("lease_expires_at"),
-            ),
-            default=Value(renewed),
-        ),
-    )
-    if not changed:
-        return None
-    entry = QueueEntry.objects.only("key", "token", "demand", "lease_expires_at").get(pk=entry_id)
-    until = entry.lease_expires_at or renewed
-    events.transition(EventKind.STARTED, [entry], at=now, detail={"worker": worker})
-    return Claim(entry_id=entry_id, token=token, demand=entry.demand, lease_expires_at=until)
