@@ -334,21 +334,29 @@ def lines_and_holds(
     stream: Iterable[Transition], waiters: Mapping[int, Waiter]
 ) -> tuple[list[starvation.Stay], list[starvation.Hold]]:
     """Each entry's stays in line and its holds of slots, from the stream (see the module doc)."""
-    by_entry: dict[int, list[Transition]] = defaultdict(list)
-    for t in stream:
-        by_entry[t.entry].append(t)
     stays: list[starvation.Stay] = []
     holds: list[starvation.Hold] = []
-    for entry, rows in by_entry.items():
+    for entry, rows in _by_entry(stream).items():
         s, h = _entry_life(entry, rows, waiters.get(entry, Waiter()))
         stays += s
         holds += h
     return stays, holds
 
 
-def _entry_life(
-    entry: int, rows: Iterable[Transition], info: Waiter
-) -> tuple[list[starvation.Stay], list[starvation.Hold]]:
+def _by_entry(stream: Iterable[Transition]) -> dict[int, list[Transition]]:
+    by_entry: dict[int, list[Transition]] = defaultdict(list)
+    for t in stream:
+        by_entry[t.entry].append(t)
+    return by_entry
+
+
+def _read(
+    rows: Iterable[Transition],
+) -> tuple[dict[str, int], dict[str, float], dict[float, int], bool]:
+    """One entry's demand, the first time of each kind of transition, its requeues (time
+    -> the token taken back), and whether its last admission was stamped before the
+    requeue it followed (:func:`stamp_skews`): its time is then that requeue's, since a
+    granted token above a requeue's came after it, whatever the stamps say."""
     demand: dict[str, int] = {}
     times: dict[str, float] = {}
     tokens: dict[str, int] = {}
@@ -360,9 +368,25 @@ def _entry_life(
         else:
             times[t.kind] = min(t.at, times.get(t.kind, t.at))
             tokens[t.kind] = t.token
+    admitted = times.get("admitted")
+    last = max(requeues, default=None)
+    skewed = (
+        admitted is not None
+        and last is not None
+        and admitted < last
+        and 0 < requeues[last] < tokens.get("admitted", 0)
+    )
+    if skewed and last is not None:
+        times["admitted"] = last
+    return demand, times, requeues, skewed
+
+
+def _entry_life(
+    entry: int, rows: Iterable[Transition], info: Waiter
+) -> tuple[list[starvation.Stay], list[starvation.Hold]]:
+    demand, times, requeues, _ = _read(rows)
     if "enqueued" not in times:
         return [], []
-    times = _causal(times, tokens, requeues)
     # Its place in line: (-priority, when it joined it: enqueued, or due if delayed).
     joins = max(times["enqueued"], info.not_before or times["enqueued"])
     base = starvation.Stay(entry, demand, info.priority, joins, joins, joins, joins)
@@ -389,42 +413,16 @@ def _entry_life(
     return stays, holds
 
 
-def _causal(
-    times: dict[str, float], tokens: Mapping[str, int], requeues: Mapping[float, int]
-) -> dict[str, float]:
-    """``times`` with the last admission moved to the last requeue it followed, when its
-    stamp is earlier (:func:`stamp_skews`): a granted token above a requeue's came after
-    that requeue, whatever the stamps say."""
-    admitted = times.get("admitted")
-    if admitted is None or not requeues:
-        return times
-    last = max(requeues)
-    if admitted < last and 0 < requeues[last] < tokens.get("admitted", 0):
-        return {**times, "admitted": last}
-    return times
-
-
 def stamp_skews(stream: Iterable[Transition]) -> list[int]:
-    """Entries whose last admission is stamped before a requeue it followed (by tokens).
+    """Entries whose last admission is stamped before the requeue it followed (by tokens).
 
     Every transition is stamped with its caller's clock read before it waited for the
     pools' locks (a stored function's ``p_now``, the Python pass's ``now``): an admission
     that waited behind the requeue it follows can carry the earlier time. The checker
-    orders such an entry's own transitions by token (:func:`_causal`); the runner prints
+    orders such an entry's own transitions by token (:func:`_read`); the runner prints
     how many there were.
     """
-    admitted: dict[int, tuple[float, int]] = {}
-    requeued: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    for t in stream:
-        if t.kind == "admitted":
-            admitted[t.entry] = (t.at, t.token)
-        elif t.kind == "requeued":
-            requeued[t.entry].append((t.at, t.token))
-    return sorted(
-        entry
-        for entry, (at, token) in admitted.items()
-        if any(r_at > at and 0 < r_token < token for r_at, r_token in requeued[entry])
-    )
+    return sorted(entry for entry, rows in _by_entry(stream).items() if _read(rows)[3])
 
 
 def starved_heads(
